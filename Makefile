@@ -1,0 +1,47 @@
+# Two commands matter: `make serve` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# torch is pinned at install time: a CPU wheel of exactly this version lies on our machines,
+# while an open range would pull a multi-GB CUDA build.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: serve test lint typecheck pytest bench install clean docker-smoke
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml clients/python/pyproject.toml
+	$(BIN)/pip install "$(TORCH_PIN)"
+	$(BIN)/pip install -e ".[dev]" -e clients/python
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/pe-serve --host 127.0.0.1 --port 8000
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy pe_runtime service training bench clients/python/pe_client
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.pe_cache
+	$(BIN)/python -m bench.extrapolation
+	$(BIN)/python -m bench.throughput
+
+docker-smoke:
+	bash scripts/docker_smoke.sh
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,57 @@
+"""Engine errors. Each carries the request field it concerns so the HTTP layer can name it.
+
+The HTTP layer maps classes to statuses (422, 404, 429, 503); the engine never knows about HTTP.
+"""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base class; `param` is the dotted request field at fault, or None."""
+
+    error_type = "engine_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequestError(EngineError):
+    """The request cannot run as asked (unsupported scaling for a scheme, bad token ids, ...)."""
+
+    error_type = "invalid_request_error"
+
+
+class ContextLengthError(InvalidRequestError):
+    """prompt + max_new_tokens exceeds what the model can run (max_context, or a learned table)."""
+
+    error_type = "context_length_exceeded"
+
+
+class ModelNotFoundError(EngineError):
+    error_type = "model_not_found"
+
+
+class QueueFullError(EngineError):
+    """The bounded queue is full; `retry_after_s` is the engine's estimate of when to retry."""
+
+    error_type = "queue_full"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineDrainingError(EngineError):
+    error_type = "service_unavailable"
+
+
+class RequestFailedError(EngineError):
+    """The request failed inside the engine (e.g. non-finite logits); other requests go on."""
+
+    error_type = "request_failed"
+
+
+class RequestCancelledError(EngineError):
+    error_type = "request_cancelled"

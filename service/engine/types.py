@@ -1,0 +1,178 @@
+"""The contract between the inference engine and everything that calls it (HTTP layer, bench).
+
+The HTTP layer never touches torch or a model: it builds one of the frozen requests below, hands it
+to `Engine.submit`, and reads `EngineEvent`s back from the returned handle. Keeping this surface
+small is what lets the engine change (batching policy, devices, kernels) without the API moving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from pe_runtime import RopeScaling
+
+Scheme = Literal["learned", "sinusoidal", "rope", "alibi", "t5_bias", "nope"]
+FinishReason = Literal["length", "stop", "eos", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding knobs; `temperature == 0` means greedy."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A generation job. `scaling=None` means "the model's own default scaling"."""
+
+    request_id: str
+    model: str
+    prompt_tokens: tuple[int, ...]
+    sampling: SamplingParams
+    scaling: RopeScaling | None = None
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """A scoring job: log-probability of every token given its prefix (one prefill, no decode)."""
+
+    request_id: str
+    model: str
+    tokens: tuple[int, ...]
+    scaling: RopeScaling | None = None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What `/models` reports; also used to resolve `model` / `pe` in a request."""
+
+    name: str
+    scheme: Scheme
+    native_context: int
+    max_context: int
+    supported_scalings: tuple[str, ...]
+    parameters: int
+    device: str
+    dtype: str
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class PEInfo:
+    """The positional encoding a request actually ran with (scaling resolved with defaults)."""
+
+    scheme: Scheme
+    scaling: RopeScaling | None
+    attention_factor: float
+    native_context: int
+    max_context: int
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token. `text` is the decoded increment (may be empty mid UTF-8 sequence)."""
+
+    token: int
+    text: str
+    logprob: float | None = None
+
+
+@dataclass(frozen=True)
+class Timing:
+    queue_ms: float
+    prefill_ms: float
+    decode_ms: float
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """The final event of a generation: everything the non-streaming response needs."""
+
+    tokens: tuple[int, ...]
+    text: str
+    logprobs: tuple[float, ...] | None
+    finish_reason: FinishReason
+    prompt_tokens: int
+    pe: PEInfo
+    timing: Timing
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """`token_logprobs[0]` is None: the first token has no prefix to be predicted from."""
+
+    tokens: tuple[int, ...]
+    token_logprobs: tuple[float | None, ...]
+    total_logprob: float
+    pe: PEInfo
+    timing: Timing = field(default_factory=lambda: Timing(0.0, 0.0, 0.0))
+
+
+EngineEvent = TokenEvent | GenerationResult | ScoreResult
+
+
+class RequestHandle(Protocol):
+    """A submitted request. Iterating yields TokenEvents then exactly one final result.
+
+    If the request fails inside the engine, iteration raises the `EngineError` that failed it.
+    Leaving iteration early does not cancel; call `cancel()` (the HTTP layer does on disconnect).
+    """
+
+    request_id: str
+
+    def __aiter__(self) -> AsyncIterator[EngineEvent]: ...
+
+    def __iter__(self) -> Iterator[EngineEvent]: ...
+
+    def cancel(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    queue_depth: int
+    running: int
+    batch_size: int
+    generated_tokens_total: int
+
+
+class Engine(Protocol):
+    """What the service needs from the engine; `service.engine.InferenceEngine` implements it."""
+
+    def models(self) -> list[ModelInfo]: ...
+
+    def resolve_model(self, model: str | None, scheme: str | None) -> ModelInfo:
+        """Pick the model for a request: raises ModelNotFoundError / InvalidRequestError."""
+        ...
+
+    def resolve_pe(self, model: str, scaling: RopeScaling | None, total_length: int) -> PEInfo:
+        """Validate a scaling for a model and length; raises InvalidRequestError/ContextLengthError."""
+        ...
+
+    def encode(self, model: str, text: str) -> list[int]: ...
+
+    def decode(self, model: str, tokens: list[int]) -> str: ...
+
+    def submit(self, request: GenerationRequest | ScoreRequest) -> RequestHandle:
+        """Queue a request; raises QueueFullError / EngineDrainingError / InvalidRequestError at once."""
+        ...
+
+    def stats(self) -> EngineStats: ...
+
+    def healthy(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def drain(self, timeout_s: float) -> bool:
+        """Stop accepting work, wait for running requests up to timeout_s; True if all finished."""
+        ...
+
+    def shutdown(self) -> None: ...
