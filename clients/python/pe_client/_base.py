@@ -1,0 +1,147 @@
+"""What the sync and async clients share: configuration, request building, retry policy, errors.
+
+The two clients differ only in how they send and sleep; everything that decides *what* to send and
+*whether* to try again lives here, so both behave identically.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from pe_client._version import __version__
+from pe_client.errors import (
+    APIConnectionError,
+    APIError,
+    APIStatusError,
+    APITimeoutError,
+    status_error_class,
+)
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
+DEFAULT_MAX_RETRIES = 2
+RETRYABLE_STATUSES = frozenset({408, 429, 502, 503, 504})
+
+RequestT = TypeVar("RequestT", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter, overridden by the server's `Retry-After` when it is sane.
+
+    Jitter takes up to a quarter off each delay so that clients turned away together by a full
+    queue do not all come back at the same instant.
+    """
+
+    max_retries: int = DEFAULT_MAX_RETRIES
+    initial_delay_s: float = 0.5
+    max_delay_s: float = 8.0
+    max_retry_after_s: float = 60.0
+    jitter: Callable[[], float] = field(default=random.random, repr=False)
+
+    def delay_or_raise(self, retries_taken: int, error: APIError) -> float:
+        """Seconds to wait before the next attempt; raises `error` when it must not be retried.
+
+        Connection errors and timeouts are always worth another attempt; statuses only when the
+        server says the condition is temporary.
+        """
+        if retries_taken >= self.max_retries:
+            raise error
+        if isinstance(error, APIStatusError):
+            if error.status_code not in RETRYABLE_STATUSES:
+                raise error
+            retry_after = parse_retry_after(error.response.headers.get("retry-after"))
+            if retry_after is not None and 0 <= retry_after <= self.max_retry_after_s:
+                return retry_after
+        backoff = min(self.initial_delay_s * 2.0**retries_taken, self.max_delay_s)
+        return backoff * (1.0 - 0.25 * self.jitter())
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """`Retry-After` is either delta-seconds or an HTTP date; None when absent or unreadable."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def status_error(response: httpx.Response) -> APIStatusError:
+    """The exception for an error response; its body must already be read."""
+    error: Mapping[str, Any] = {}
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        error = body["error"]
+    message = str(error.get("message") or response.text or response.reason_phrase)
+    return status_error_class(response.status_code)(
+        message, response=response, error_type=error.get("type"), param=error.get("param")
+    )
+
+
+def connection_error(exc: httpx.TransportError, request: httpx.Request) -> APIConnectionError:
+    """Wrap an httpx transport failure; timeouts get their own class so callers can tell them apart."""
+    if isinstance(exc, httpx.TimeoutException):
+        return APITimeoutError(request=request)
+    return APIConnectionError(request=request, message=f"Connection error: {exc}")
+
+
+def build_body(
+    model: type[RequestT], request: RequestT | None, params: Mapping[str, object], **fixed: object
+) -> dict[str, object]:
+    """The JSON body from a request object or keyword arguments (not both), plus fields the method fixes.
+
+    None means "absent" everywhere in the API, so None fields (nested scaling fields included) are
+    left out and the server's defaults apply.
+    """
+    if request is not None and params:
+        raise TypeError("pass either a request object or keyword arguments, not both")
+    validated = request if request is not None else model.model_validate(params)
+    return validated.model_copy(update=fixed).model_dump(mode="json", exclude_none=True)
+
+
+class BaseClient:
+    """Settings and request construction common to `PEClient` and `AsyncPEClient`."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str | None,
+        api_key: str | None,
+        timeout: float | httpx.Timeout,
+        max_retries: int,
+    ) -> None:
+        self.base_url = (base_url or os.environ.get("PE_SERVE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        self.api_key = api_key if api_key is not None else os.environ.get("PE_SERVE_API_KEY")
+        self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+        self.retry_policy = RetryPolicy(max_retries=max_retries)
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"user-agent": f"pe-client/{__version__}"}
+        if self.api_key:
+            headers["authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def _build_request(
+        self, http: httpx.Client | httpx.AsyncClient, method: str, path: str, body: object = None
+    ) -> httpx.Request:
+        return http.build_request(
+            method, self.base_url + path, json=body, headers=self._headers(), timeout=self.timeout
+        )

@@ -1,0 +1,127 @@
+"""The asyncio client: the same methods as `PEClient`, awaitable."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Self, Unpack
+
+import httpx
+
+from pe_client._base import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_TIMEOUT,
+    BaseClient,
+    build_body,
+    connection_error,
+    status_error,
+)
+from pe_client.errors import APIConnectionError, APIError
+from pe_client.streaming import AsyncStream
+from pe_client.types import (
+    GenerateParams,
+    GenerateRequest,
+    GenerateResponse,
+    Health,
+    ModelInfo,
+    ModelList,
+    ScoreParams,
+    ScoreRequest,
+    ScoreResponse,
+)
+
+
+class AsyncPEClient(BaseClient):
+    """Non-blocking client for pe-serve; see `PEClient` for the arguments."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        http_client: httpx.AsyncClient | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        super().__init__(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)
+        self._owns_http = http_client is None
+        self._http = http_client if http_client is not None else httpx.AsyncClient()
+        self._sleep = sleep
+
+    async def generate(
+        self, request: GenerateRequest | None = None, /, **params: Unpack[GenerateParams]
+    ) -> GenerateResponse:
+        """Generate a completion and wait for all of it."""
+        body = build_body(GenerateRequest, request, params, stream=False)
+        return GenerateResponse.model_validate((await self._post("/generate", body)).json())
+
+    def generate_stream(
+        self, request: GenerateRequest | None = None, /, **params: Unpack[GenerateParams]
+    ) -> AsyncStream:
+        """Stream a completion; the request is sent when the stream is entered or iterated."""
+        body = build_body(GenerateRequest, request, params, stream=True)
+        return AsyncStream(
+            lambda: self._send(self._build_request(self._http, "POST", "/generate", body), stream=True)
+        )
+
+    async def score(
+        self, request: ScoreRequest | None = None, /, **params: Unpack[ScoreParams]
+    ) -> ScoreResponse:
+        """Log-probability of every token of a text given its prefix, and the perplexity."""
+        body = build_body(ScoreRequest, request, params)
+        return ScoreResponse.model_validate((await self._post("/score", body)).json())
+
+    async def models(self) -> list[ModelInfo]:
+        """The resident models, in load order."""
+        response = await self._send(self._build_request(self._http, "GET", "/models"))
+        return ModelList.model_validate(response.json()).models
+
+    async def health(self) -> Health:
+        """Liveness and readiness right now: one attempt each, no retries (a probe must not wait)."""
+        return Health(live=await self._probe("/healthz"), ready=await self._probe("/readyz"))
+
+    async def close(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _post(self, path: str, body: object) -> httpx.Response:
+        return await self._send(self._build_request(self._http, "POST", path, body))
+
+    async def _probe(self, path: str) -> bool:
+        response = await self._send_once(self._build_request(self._http, "GET", path), stream=False)
+        if response.status_code in (200, 503):
+            return response.status_code == 200
+        raise status_error(response)
+
+    async def _send_once(self, request: httpx.Request, *, stream: bool) -> httpx.Response:
+        try:
+            return await self._http.send(request, stream=stream)
+        except httpx.TransportError as exc:
+            raise connection_error(exc, request) from exc
+
+    async def _send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        """Send under the retry policy; a successful response, or the last attempt's error."""
+        retries_taken = 0
+        while True:
+            error: APIError
+            try:
+                response = await self._send_once(request, stream=stream)
+            except APIConnectionError as exc:
+                error = exc
+            else:
+                if response.is_success:
+                    return response
+                await response.aread()
+                error = status_error(response)
+            await self._sleep(self.retry_policy.delay_or_raise(retries_taken, error))
+            retries_taken += 1

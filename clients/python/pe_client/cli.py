@@ -1,0 +1,206 @@
+"""`pe-client`: stream a generation to the terminal, or compare scalings side by side.
+
+pe-client generate --pe rope --scaling yarn --factor 4 "def fib(n):"
+pe-client compare --pe rope --scalings none,linear,ntk,yarn --factor 4 "def fib(n):"
+pe-client models
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from pe_client._version import __version__
+from pe_client.async_client import AsyncPEClient
+from pe_client.client import PEClient
+from pe_client.errors import PEServeError
+from pe_client.scaling import PEScaling, parse_scaling
+from pe_client.types import GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse, StreamToken
+
+COLUMN_GAP = " | "
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except (PEServeError, ValidationError) as exc:
+        print(f"pe-client: {exc}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pe-client", description="Client for pe-serve.")
+    parser.add_argument("--version", action="version", version=f"pe-client {__version__}")
+    parser.add_argument("--url", help="server URL (default: $PE_SERVE_URL or http://127.0.0.1:8000)")
+    parser.add_argument("--api-key", help="API key (default: $PE_SERVE_API_KEY)")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    generate = commands.add_parser("generate", help="stream one generation to the terminal")
+    _add_generation_options(generate)
+    generate.add_argument("--scaling", default=None, help="scaling type (default: the model's own)")
+    generate.set_defaults(run=_run_generate)
+
+    compare = commands.add_parser("compare", help="the same prompt under several scalings, side by side")
+    _add_generation_options(compare)
+    compare.add_argument(
+        "--scalings",
+        default="none,linear,ntk,yarn",
+        help="comma-separated scaling types (default: none,linear,ntk,yarn)",
+    )
+    compare.add_argument("--width", type=int, default=None, help="total output width (default: terminal)")
+    compare.set_defaults(run=_run_compare)
+
+    models = commands.add_parser("models", help="list the resident models")
+    models.set_defaults(run=_run_models)
+    return parser
+
+
+def _add_generation_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", help="the prompt text")
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--pe", default=None, help="positional scheme: rope, alibi, learned, ...")
+    parser.add_argument("--factor", type=float, default=None, help="scaling factor")
+    parser.add_argument("--original-max-position-embeddings", type=int, default=None, metavar="N")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default)")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+
+
+def _scaling(scaling_type: str, args: argparse.Namespace) -> PEScaling:
+    """The typed scaling for a type named on the command line; `none` takes no parameters."""
+    fields: dict[str, object] = {"type": scaling_type}
+    if scaling_type != "none":
+        fields["factor"] = args.factor
+        fields["original_max_position_embeddings"] = args.original_max_position_embeddings
+    return parse_scaling({name: value for name, value in fields.items() if value is not None})
+
+
+def _generate_request(args: argparse.Namespace, scaling: PEScaling | None) -> GenerateRequest:
+    return GenerateRequest(
+        prompt=args.prompt,
+        model=args.model,
+        pe=args.pe,
+        pe_scaling=scaling,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    scaling = _scaling(args.scaling, args) if args.scaling else None
+    with (
+        PEClient(args.url, api_key=args.api_key) as client,
+        client.generate_stream(_generate_request(args, scaling)) as stream,
+    ):
+        for event in stream:
+            if isinstance(event, StreamToken):
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+    final = stream.final
+    if final is not None:
+        print(
+            f"\n[{final.finish_reason}: {final.usage.completion_tokens} tokens,"
+            f" prompt {final.usage.prompt_tokens}]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+@dataclass(frozen=True)
+class _Column:
+    """One scaling's outcome in `compare`: its generation and the prompt's perplexity under it."""
+
+    label: str
+    generation: GenerateResponse
+    prompt_score: ScoreResponse
+
+
+async def _compare(args: argparse.Namespace, scalings: list[PEScaling]) -> list[_Column]:
+    """All scalings at once: the server batches them, which is the point of per-request scaling."""
+    async with AsyncPEClient(args.url, api_key=args.api_key) as client:
+
+        async def run(scaling: PEScaling) -> _Column:
+            request = _generate_request(args, scaling)
+            generation, score = await asyncio.gather(
+                client.generate(request),
+                client.score(
+                    ScoreRequest(prompt=args.prompt, model=args.model, pe=args.pe, pe_scaling=scaling)
+                ),
+            )
+            return _Column(_label(scaling), generation, score)
+
+        return list(await asyncio.gather(*(run(scaling) for scaling in scalings)))
+
+
+def _label(scaling: PEScaling) -> str:
+    factor = getattr(scaling, "factor", None)
+    return scaling.type if factor is None else f"{scaling.type} x{factor:g}"
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    scalings = [_scaling(name.strip(), args) for name in args.scalings.split(",") if name.strip()]
+    columns = asyncio.run(_compare(args, scalings))
+    width = args.width or shutil.get_terminal_size().columns
+    print(render_columns(columns, width))
+    return 0
+
+
+def render_columns(columns: Sequence[_Column], total_width: int) -> str:
+    """Side-by-side text: a header per scaling, the wrapped generations, then a summary row."""
+    column_width = max(12, (total_width - len(COLUMN_GAP) * (len(columns) - 1)) // len(columns))
+    cells = [
+        [
+            column.label,
+            f"ctx {column.generation.pe.native_context}->{column.generation.pe.max_context}",
+            "-" * column_width,
+            *_wrap(column.generation.text, column_width),
+            "-" * column_width,
+            f"finish: {column.generation.finish_reason}",
+            f"attn factor: {column.generation.pe.attention_factor:.4f}",
+            f"prompt ppl: {column.prompt_score.perplexity:.3f}",
+        ]
+        for column in columns
+    ]
+    height = max(len(cell) for cell in cells)
+    rows = [
+        COLUMN_GAP.join((cell[row] if row < len(cell) else "").ljust(column_width) for cell in cells).rstrip()
+        for row in range(height)
+    ]
+    return "\n".join(rows)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """Wrap generated text to a column; control bytes a small model emits are shown as `·`."""
+    lines: list[str] = []
+    for line in text.split("\n"):
+        printable = "".join(char if char.isprintable() else "·" for char in line.replace("\t", " "))
+        lines.extend(textwrap.wrap(printable, width, drop_whitespace=False) or [""])
+    return lines
+
+
+def _run_models(args: argparse.Namespace) -> int:
+    with PEClient(args.url, api_key=args.api_key) as client:
+        for model in client.models():
+            print(
+                f"{model.name:<24} {model.scheme:<11} native {model.native_context:<6} "
+                f"max {model.max_context:<7} {model.device}/{model.dtype}  "
+                f"scalings: {','.join(model.supported_scalings)}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The synchronous client."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Self, Unpack
+
+import httpx
+
+from pe_client._base import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_TIMEOUT,
+    BaseClient,
+    build_body,
+    connection_error,
+    status_error,
+)
+from pe_client.errors import APIConnectionError, APIError
+from pe_client.streaming import Stream
+from pe_client.types import (
+    GenerateParams,
+    GenerateRequest,
+    GenerateResponse,
+    Health,
+    ModelInfo,
+    ModelList,
+    ScoreParams,
+    ScoreRequest,
+    ScoreResponse,
+)
+
+
+class PEClient(BaseClient):
+    """Blocking client for pe-serve; one connection pool, closed by `close()` or `with`.
+
+    `base_url` and `api_key` default to `PE_SERVE_URL` and `PE_SERVE_API_KEY`. Pass `http_client`
+    to bring your own transport (it is then yours to close) and `sleep` to control backoff waits.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        http_client: httpx.Client | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        super().__init__(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)
+        self._owns_http = http_client is None
+        self._http = http_client if http_client is not None else httpx.Client()
+        self._sleep = sleep
+
+    def generate(
+        self, request: GenerateRequest | None = None, /, **params: Unpack[GenerateParams]
+    ) -> GenerateResponse:
+        """Generate a completion and wait for all of it."""
+        body = build_body(GenerateRequest, request, params, stream=False)
+        return GenerateResponse.model_validate(self._post("/generate", body).json())
+
+    def generate_stream(
+        self, request: GenerateRequest | None = None, /, **params: Unpack[GenerateParams]
+    ) -> Stream:
+        """Stream a completion token by token; the request is sent when the stream is entered or iterated."""
+        body = build_body(GenerateRequest, request, params, stream=True)
+        return Stream(
+            lambda: self._send(self._build_request(self._http, "POST", "/generate", body), stream=True)
+        )
+
+    def score(self, request: ScoreRequest | None = None, /, **params: Unpack[ScoreParams]) -> ScoreResponse:
+        """Log-probability of every token of a text given its prefix, and the perplexity."""
+        body = build_body(ScoreRequest, request, params)
+        return ScoreResponse.model_validate(self._post("/score", body).json())
+
+    def models(self) -> list[ModelInfo]:
+        """The resident models, in load order."""
+        response = self._send(self._build_request(self._http, "GET", "/models"))
+        return ModelList.model_validate(response.json()).models
+
+    def health(self) -> Health:
+        """Liveness and readiness right now: one attempt each, no retries (a probe must not wait)."""
+        return Health(live=self._probe("/healthz"), ready=self._probe("/readyz"))
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _post(self, path: str, body: object) -> httpx.Response:
+        return self._send(self._build_request(self._http, "POST", path, body))
+
+    def _probe(self, path: str) -> bool:
+        request = self._build_request(self._http, "GET", path)
+        response = self._send_once(request, stream=False)
+        if response.status_code in (200, 503):
+            return response.status_code == 200
+        raise status_error(response)
+
+    def _send_once(self, request: httpx.Request, *, stream: bool) -> httpx.Response:
+        try:
+            return self._http.send(request, stream=stream)
+        except httpx.TransportError as exc:
+            raise connection_error(exc, request) from exc
+
+    def _send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        """Send under the retry policy; a successful response, or the last attempt's error."""
+        retries_taken = 0
+        while True:
+            error: APIError
+            try:
+                response = self._send_once(request, stream=stream)
+            except APIConnectionError as exc:
+                error = exc
+            else:
+                if response.is_success:
+                    return response
+                response.read()
+                error = status_error(response)
+            self._sleep(self.retry_policy.delay_or_raise(retries_taken, error))
+            retries_taken += 1

@@ -1,0 +1,154 @@
+"""Request and response bodies of the pe-serve HTTP API.
+
+Requests forbid unknown fields, as the server does, so a misspelt keyword fails here with a clear
+pydantic error instead of a round trip. Responses ignore fields they do not know, so a newer
+server can add fields without breaking older clients.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict
+
+from pydantic import BaseModel, ConfigDict
+
+from pe_client.scaling import PEScaling
+
+Scheme = Literal["learned", "sinusoidal", "rope", "alibi", "t5_bias", "nope"]
+FinishReason = Literal["length", "stop", "eos"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class ScoreRequest(_Request):
+    """Score `prompt` or `tokens` (exactly one): log-probability of each token given its prefix."""
+
+    prompt: str | None = None
+    tokens: list[int] | None = None
+    model: str | None = None
+    pe: str | None = None
+    pe_scaling: PEScaling | None = None
+
+
+class GenerateRequest(ScoreRequest):
+    """A generation; fields left unset take the server's defaults."""
+
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    stream: bool | None = None
+    logprobs: bool | None = None
+
+
+class ScoreParams(TypedDict, total=False):
+    """Keyword form of `ScoreRequest` (the typed `**kwargs` of `score()`)."""
+
+    prompt: str
+    tokens: list[int]
+    model: str
+    pe: str
+    pe_scaling: PEScaling | dict[str, object]
+
+
+class GenerateParams(ScoreParams, total=False):
+    """Keyword form of `GenerateRequest`; `stream` is chosen by the method called, not passed."""
+
+    max_new_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    stop: list[str]
+    logprobs: bool
+
+
+class Usage(_Response):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class PEInfo(_Response):
+    """The positional encoding the request actually ran with, scaling defaults resolved."""
+
+    scheme: Scheme
+    scaling: PEScaling | None
+    attention_factor: float
+    native_context: int
+    max_context: int
+
+
+class Timing(_Response):
+    queue_ms: float
+    prefill_ms: float
+    decode_ms: float
+
+
+class GenerateResponse(_Response):
+    id: str
+    model: str
+    text: str
+    tokens: list[int]
+    logprobs: list[float] | None
+    finish_reason: FinishReason
+    usage: Usage
+    pe: PEInfo
+    timing: Timing
+
+
+class ScoreResponse(_Response):
+    """`token_logprobs[0]` is None: the first token has no prefix to be predicted from."""
+
+    model: str
+    tokens: list[int]
+    token_logprobs: list[float | None]
+    total_logprob: float
+    perplexity: float
+    num_tokens: int
+
+
+class ModelInfo(_Response):
+    name: str
+    scheme: Scheme
+    native_context: int
+    max_context: int
+    supported_scalings: list[str]
+    parameters: int
+    device: str
+    dtype: str
+
+
+class ModelList(_Response):
+    models: list[ModelInfo]
+
+
+class StreamToken(_Response):
+    """One generated token of a stream; `text` may be empty in the middle of a UTF-8 sequence."""
+
+    token: int
+    text: str
+    logprob: float | None = None
+
+
+class StreamEnd(_Response):
+    """The last event of a stream, before `[DONE]`."""
+
+    finish_reason: FinishReason
+    usage: Usage
+
+
+StreamEvent = StreamToken | StreamEnd
+
+
+class Health(_Response):
+    """`live`: the process answers (`/healthz`); `ready`: models loaded and not draining (`/readyz`)."""
+
+    live: bool
+    ready: bool
