@@ -1,0 +1,52 @@
+"""The one recipe every zoo model is trained with: architecture, optimiser and data sizes.
+
+Only `pe` differs between schemes. Keeping all of it in one place is what makes the zoo a
+controlled experiment: a change here retrains every scheme the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.model.config import ModelConfig, Scheme
+
+ZOO_SCHEMES: tuple[Scheme, ...] = ("rope", "alibi", "sinusoidal", "learned", "t5_bias", "nope")
+TRAINED_CONTEXT = 256
+
+
+def zoo_model_config(scheme: Scheme) -> ModelConfig:
+    """About 1.8M parameters: small enough to train in minutes on two CPU cores."""
+    return ModelConfig(
+        vocab_size=258,
+        d_model=192,
+        n_layers=4,
+        n_heads=6,
+        n_kv_heads=6,
+        ffn_hidden=512,
+        tie_embeddings=True,
+        pe=scheme,
+        native_context=TRAINED_CONTEXT,
+    )
+
+
+@dataclass(frozen=True)
+class Hyperparameters:
+    """Optimisation settings; `steps` was sized so one scheme trains in about 7 minutes here."""
+
+    steps: int = 400
+    batch_size: int = 16
+    context: int = TRAINED_CONTEXT
+    peak_lr: float = 3e-3
+    final_lr: float = 3e-4
+    warmup_steps: int = 40
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 50
+    eval_windows: int = 64
+    seed: int = 1234
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.context
