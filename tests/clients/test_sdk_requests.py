@@ -19,14 +19,7 @@ from pe_client import (
 )
 from pydantic import ValidationError
 
-SCORE = {
-    "model": "zoo-rope",
-    "tokens": [1, 2],
-    "token_logprobs": [None, -0.5],
-    "total_logprob": -0.5,
-    "perplexity": 1.6487,
-    "num_tokens": 2,
-}
+from tests.clients.bodies import SCORE, STREAM_END, sse, token_event
 
 
 class Recorder:
@@ -47,11 +40,6 @@ class Recorder:
 def client_for(recorder: Recorder, base_url: str | None = "http://pe.test", **options: object) -> PEClient:
     http = httpx.Client(transport=httpx.MockTransport(recorder))
     return PEClient(base_url, http_client=http, **options)  # type: ignore[arg-type]
-
-
-def sse(*payloads: str) -> httpx.Response:
-    content = "".join(f"data: {payload}\n\n" for payload in payloads).encode()
-    return httpx.Response(200, content=content, headers={"content-type": "text/event-stream"})
 
 
 def test_keyword_and_model_forms_send_the_same_body() -> None:
@@ -103,18 +91,17 @@ def test_environment_supplies_url_and_api_key(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_stream_yields_tokens_then_end_and_accumulates_text() -> None:
-    end = '{"finish_reason": "stop", "usage": {"prompt_tokens": 2, "completion_tokens": 2}}'
-    recorder = Recorder(sse('{"token": 104, "text": "h"}', '{"token": 105, "text": "i"}', end, "[DONE]"))
+    recorder = Recorder(sse(token_event(104), token_event(105), json.dumps(STREAM_END), "[DONE]"))
     with client_for(recorder).generate_stream(prompt="x") as stream:
         events = list(stream)
     assert [type(event) for event in events] == [StreamToken, StreamToken, StreamEnd]
     assert stream.text == "hi"
-    assert stream.final is not None and stream.final.finish_reason == "stop"
+    assert stream.final is not None and stream.final.finish_reason == "length"
 
 
 def test_error_event_mid_stream_raises() -> None:
     error = '{"error": {"type": "request_failed", "message": "non-finite logits", "param": null}}'
-    recorder = Recorder(sse('{"token": 104, "text": "h"}', error, "[DONE]"))
+    recorder = Recorder(sse(token_event(104), error, "[DONE]"))
     received: list[object] = []
     with pytest.raises(APIStreamError) as caught, client_for(recorder).generate_stream(prompt="x") as stream:
         received.extend(stream)
@@ -124,6 +111,6 @@ def test_error_event_mid_stream_raises() -> None:
 
 
 def test_stream_cut_before_done_raises_connection_error() -> None:
-    recorder = Recorder(sse('{"token": 104, "text": "h"}'))
+    recorder = Recorder(sse(token_event(104)))
     with pytest.raises(APIConnectionError), client_for(recorder).generate_stream(prompt="x") as stream:
         list(stream)

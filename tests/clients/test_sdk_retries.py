@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import time
 from collections.abc import Callable, Iterator
 
@@ -28,23 +29,7 @@ from pe_client import (
 )
 from pe_client._base import RetryPolicy
 
-GENERATION = {
-    "id": "gen-1",
-    "model": "zoo-rope",
-    "text": "hi",
-    "tokens": [104, 105],
-    "logprobs": None,
-    "finish_reason": "length",
-    "usage": {"prompt_tokens": 3, "completion_tokens": 2},
-    "pe": {
-        "scheme": "rope",
-        "scaling": None,
-        "attention_factor": 1.0,
-        "native_context": 256,
-        "max_context": 1024,
-    },
-    "timing": {"queue_ms": 0.1, "prefill_ms": 1.0, "decode_ms": 2.0},
-}
+from tests.clients.bodies import GENERATION, STREAM_END, sse, token_event
 
 Outcome = httpx.Response | Exception
 
@@ -188,11 +173,7 @@ def test_async_client_does_not_retry_422() -> None:
 
 
 def test_stream_open_is_retried_before_any_event() -> None:
-    sse = b'data: {"token": 104, "text": "h"}\n\ndata: {"finish_reason": "length", ' + (
-        b'"usage": {"prompt_tokens": 1, "completion_tokens": 1}}\n\ndata: [DONE]\n\n'
-    )
-    ok = httpx.Response(200, content=sse, headers={"content-type": "text/event-stream"})
-    script = Script(error_response(502), ok)
+    script = Script(error_response(502), sse(token_event(104), json.dumps(STREAM_END), "[DONE]"))
     with sync_client(script).generate_stream(prompt="x") as stream:
         events = list(stream)
     assert [type(event).__name__ for event in events] == ["StreamToken", "StreamEnd"]

@@ -34,7 +34,6 @@ class NTKScaling(_Scaling):
 
     type: Literal["ntk"] = "ntk"
     factor: float
-    original_max_position_embeddings: int | None = None
 
 
 class DynamicScaling(_Scaling):

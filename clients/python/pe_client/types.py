@@ -7,13 +7,12 @@ server can add fields without breaking older clients.
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict
 
 from pe_client.scaling import PEScaling
 
-Scheme = Literal["learned", "sinusoidal", "rope", "alibi", "t5_bias", "nope"]
 FinishReason = Literal["length", "stop", "eos"]
 
 
@@ -76,10 +75,14 @@ class Usage(_Response):
 
 
 class PEInfo(_Response):
-    """The positional encoding the request actually ran with, scaling defaults resolved."""
+    """The positional encoding the request actually ran with.
 
-    scheme: Scheme
-    scaling: PEScaling | None
+    `scaling` is the server's resolved form: every field with its default filled in, which may
+    include fields a request for that type would not send, so it stays a plain dict.
+    """
+
+    scheme: str
+    scaling: dict[str, Any] | None
     attention_factor: float
     native_context: int
     max_context: int
@@ -116,7 +119,7 @@ class ScoreResponse(_Response):
 
 class ModelInfo(_Response):
     name: str
-    scheme: Scheme
+    scheme: str
     native_context: int
     max_context: int
     supported_scalings: list[str]
@@ -138,10 +141,14 @@ class StreamToken(_Response):
 
 
 class StreamEnd(_Response):
-    """The last event of a stream, before `[DONE]`."""
+    """The last event of a stream, before `[DONE]`: the non-streaming response less text and tokens."""
 
+    id: str
+    model: str
     finish_reason: FinishReason
     usage: Usage
+    pe: PEInfo
+    timing: Timing
 
 
 StreamEvent = StreamToken | StreamEnd
