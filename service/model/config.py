@@ -1,0 +1,79 @@
+"""`ModelConfig`: everything needed to rebuild a model, and nothing about how it is served.
+
+The same dataclass describes our zoo checkpoints and Hugging Face Llama-family models once their
+config has been translated, so the model code has a single source of truth for shapes and PE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal, cast
+
+Scheme = Literal["learned", "sinusoidal", "rope", "alibi", "t5_bias", "nope"]
+RopeLayout = Literal["neox", "gptj"]
+SCHEMES: tuple[Scheme, ...] = ("learned", "sinusoidal", "rope", "alibi", "t5_bias", "nope")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture hyper-parameters of a decoder-only transformer with a pluggable PE.
+
+    `rope_scaling` is kept in Hugging Face's dict form (with `rope_type`) so a checkpoint's config
+    stays readable by people who know that format; it is the model's default scaling, which a
+    request's own scaling replaces.
+    """
+
+    vocab_size: int = 258
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 8
+    n_kv_heads: int = 4
+    ffn_hidden: int = 704
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    pe: Scheme = "rope"
+    native_context: int = 256
+    rope_base: float = 10000.0
+    rope_layout: RopeLayout = "neox"
+    rotary_fraction: float = 1.0
+    rope_scaling: Mapping[str, Any] | None = None
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
+    bos_id: int | None = 256
+    eos_id: int | None = 257
+    head_dim_override: int | None = None
+    qkv_bias: bool = False
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.pe not in SCHEMES:
+            raise ValueError(f"unknown positional scheme {self.pe!r}; expected one of {SCHEMES}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError("n_heads must be a multiple of n_kv_heads (grouped-query attention)")
+        if self.head_dim_override is None and self.d_model % self.n_heads:
+            raise ValueError("d_model must be divisible by n_heads unless head_dim_override is set")
+        if self.rope_layout not in ("neox", "gptj"):
+            raise ValueError(f"unknown rope_layout {self.rope_layout!r}")
+        if self.pe == "rope" and (self.rotary_dim == 0 or self.rotary_dim % 2):
+            raise ValueError("rotary_fraction * head_dim must be a positive even number")
+
+    @property
+    def head_dim(self) -> int:
+        return self.head_dim_override or self.d_model // self.n_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """Leading channels of each head that RoPE rotates (partial rotary keeps the rest as is)."""
+        return int(self.head_dim * self.rotary_fraction)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["rope_scaling"] = dict(self.rope_scaling) if self.rope_scaling is not None else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelConfig:
+        """Build from `to_dict()` output; keys that are not fields (e.g. `name`) are ignored."""
+        known = {f.name for f in fields(cls)}
+        return cls(**cast(dict[str, Any], {key: value for key, value in data.items() if key in known}))

@@ -1,0 +1,211 @@
+"""The positional side of one forward pass: what each scheme adds to embeddings or attention.
+
+All PE math comes from `pe_runtime` (tables, slopes, buckets, interpolation, via `PECache`); this
+module only decides which positions each row of a batch holds and shapes the results so that
+attention can broadcast them. Rows may differ in how many tokens they already have cached and in
+their RoPE scaling, which is what lets one forward pass serve requests with different scalings.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from pe_runtime import PECache, PEConfigError, RopeScaling, alibi_bias
+from pe_runtime.absolute import interpolate_learned
+from service.model.config import ModelConfig, Scheme
+
+# Scalings each scheme can honour. RoPE takes every type; absolute schemes can only stretch their
+# positions linearly (position interpolation); relative biases have no frequencies to rescale.
+SUPPORTED_SCALINGS: dict[Scheme, tuple[str, ...]] = {
+    "rope": ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope"),
+    "learned": ("none", "linear"),
+    "sinusoidal": ("none", "linear"),
+    "alibi": ("none",),
+    "t5_bias": ("none",),
+    "nope": ("none",),
+}
+
+
+@dataclass(frozen=True)
+class PositionalInputs:
+    """Positional data for one forward; the leading dim is the batch size, or 1 when rows agree.
+
+    `attn_mask` is None exactly when plain causal attention over `Tq == Tk` is right, which lets
+    attention use the fused causal kernel for training and fresh prefills.
+    """
+
+    absolute: Tensor | None  # [B|1, Tq, d_model], added to the token embeddings
+    rope_queries: tuple[Tensor, Tensor] | None  # cos, sin [B|1, 1, Tq, rotary_dim]
+    rope_keys: tuple[Tensor, Tensor] | None  # cos, sin [B|1, 1, Tk, rotary_dim]
+    attn_mask: Tensor | None  # additive [B|1, n_heads|1, Tq, Tk], -inf where a key is not visible
+
+
+@dataclass(frozen=True)
+class _Row:
+    """What distinguishes one row's positions: tokens already cached and its scaling."""
+
+    past: int
+    scaling: RopeScaling
+
+
+class PositionalEncoding(nn.Module):
+    """Holds the scheme's trainable tables (learned positions, T5 buckets) and builds the inputs."""
+
+    def __init__(self, config: ModelConfig, cache: PECache) -> None:
+        super().__init__()
+        self.config = config
+        self.cache = cache
+        self.default_scaling = RopeScaling.from_hf(
+            config.rope_scaling, max_position_embeddings=config.native_context
+        )
+        self.learned_table = (
+            nn.Embedding(config.native_context, config.d_model) if config.pe == "learned" else None
+        )
+        self.t5_table = (
+            nn.Embedding(config.t5_num_buckets, config.n_heads) if config.pe == "t5_bias" else None
+        )
+
+    def check_scaling(self, scaling: RopeScaling) -> None:
+        """Refuse a scaling this scheme cannot apply rather than silently ignoring it."""
+        if scaling.type not in SUPPORTED_SCALINGS[self.config.pe]:
+            raise PEConfigError(
+                f"scaling {scaling.type!r} does not apply to the {self.config.pe!r} scheme "
+                f"(supported: {', '.join(SUPPORTED_SCALINGS[self.config.pe])})",
+                field="type",
+            )
+
+    def forward(
+        self,
+        query_length: int,
+        past_lengths: Sequence[int],
+        scalings: Sequence[RopeScaling],
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> PositionalInputs:
+        """Inputs for `query_length` new tokens per row after `past_lengths[i]` cached ones.
+
+        `scalings` has one entry per row (or a single one for all rows).
+        """
+        for scaling in set(scalings):
+            self.check_scaling(scaling)
+        rows = [
+            _Row(past, scaling)
+            for past, scaling in zip(past_lengths, _per_row(scalings, past_lengths), strict=True)
+        ]
+        if len(set(rows)) == 1:
+            rows = rows[:1]
+        key_length = max(row.past for row in rows) + query_length
+        query_positions = torch.stack(
+            [torch.arange(row.past, row.past + query_length, device=device) for row in rows]
+        )  # [R, Tq]
+        bias = self._attention_bias(query_positions, key_length, dtype)
+        if bias is None and all(row.past == 0 for row in rows):
+            mask = None
+        else:
+            mask = _causal_mask(query_positions, key_length, dtype)
+            mask = mask if bias is None else mask + bias
+        rope_queries, rope_keys = self._rope(rows, query_positions, key_length, dtype)
+        return PositionalInputs(
+            absolute=self._absolute(rows, query_positions, dtype),
+            rope_queries=rope_queries,
+            rope_keys=rope_keys,
+            attn_mask=mask,
+        )
+
+    def _rope(
+        self, rows: list[_Row], query_positions: Tensor, key_length: int, dtype: torch.dtype
+    ) -> tuple[tuple[Tensor, Tensor] | None, tuple[Tensor, Tensor] | None]:
+        """Per-row cos/sin for all keys, each row with the table for its own current length."""
+        if self.config.pe != "rope":
+            return None, None
+        tables = [
+            self.cache.rope(
+                self.config.rotary_dim,
+                self.config.rope_base,
+                row.scaling,
+                key_length,
+                device=query_positions.device,
+                dtype=dtype,
+                layout=self.config.rope_layout,
+                seq_len=row.past + query_positions.shape[1],
+            )
+            for row in rows
+        ]
+        cos = torch.stack([table.cos for table in tables])  # [R, Tk, rotary_dim]
+        sin = torch.stack([table.sin for table in tables])
+        row_index = torch.arange(len(rows), device=cos.device)[:, None]
+        queries = (cos[row_index, query_positions][:, None], sin[row_index, query_positions][:, None])
+        return queries, (cos[:, None], sin[:, None])
+
+    def _attention_bias(self, query_positions: Tensor, key_length: int, dtype: torch.dtype) -> Tensor | None:
+        """ALiBi or T5 additive bias [R, n_heads, Tq, Tk]; None for the other schemes."""
+        key_positions = torch.arange(key_length, device=query_positions.device)
+        if self.config.pe == "alibi":
+            slopes = self.cache.alibi_slopes(
+                self.config.n_heads, device=query_positions.device, dtype=torch.float32
+            )
+            return torch.stack([alibi_bias(slopes, row, key_positions) for row in query_positions]).to(dtype)
+        if self.t5_table is not None:
+            buckets = self.cache.t5_buckets(
+                key_length,
+                bidirectional=False,
+                num_buckets=self.config.t5_num_buckets,
+                max_distance=self.config.t5_max_distance,
+                device=query_positions.device,
+            )  # [2 * Tk - 1], indexed by k - q + Tk - 1
+            offsets = (
+                key_positions[None, None, :] - query_positions[:, :, None] + key_length - 1
+            )  # [R, Tq, Tk]
+            bias: Tensor = self.t5_table(buckets[offsets])  # [R, Tq, Tk, n_heads]
+            return bias.permute(0, 3, 1, 2).to(dtype)
+        return None
+
+    def _absolute(self, rows: list[_Row], query_positions: Tensor, dtype: torch.dtype) -> Tensor | None:
+        """Learned or sinusoidal embeddings [R, Tq, d_model] at each row's (possibly stretched) positions."""
+        if self.config.pe not in ("learned", "sinusoidal"):
+            return None
+        needed = int(query_positions.max()) + 1
+        embeddings = [
+            self._absolute_table(_linear_factor(row.scaling), needed, query_positions.device)[positions]
+            for row, positions in zip(rows, query_positions, strict=True)
+        ]
+        return torch.stack(embeddings).to(dtype)
+
+    def _absolute_table(self, factor: float, needed: int, device: torch.device) -> Tensor:
+        """A table of at least `needed` rows, read at position / factor (linear interpolation)."""
+        if self.learned_table is not None:
+            table = self.learned_table.weight
+        else:
+            length = needed if factor == 1.0 else math.ceil(needed / factor) + 1
+            table = self.cache.sinusoidal(length, self.config.d_model, device=device, dtype=torch.float32)
+        table = table if factor == 1.0 else interpolate_learned(table, factor)
+        if table.shape[0] < needed:
+            raise PEConfigError(
+                f"position {needed - 1} is past the learned table ({table.shape[0]} positions); "
+                "use linear scaling with a larger factor",
+                field="factor",
+            )
+        return table
+
+
+def _linear_factor(scaling: RopeScaling) -> float:
+    return scaling.factor if scaling.type == "linear" else 1.0
+
+
+def _per_row(scalings: Sequence[RopeScaling], past_lengths: Sequence[int]) -> Sequence[RopeScaling]:
+    return list(scalings) * len(past_lengths) if len(scalings) == 1 else scalings
+
+
+def _causal_mask(query_positions: Tensor, key_length: int, dtype: torch.dtype) -> Tensor:
+    """Additive mask [R, 1, Tq, Tk]: each query sees keys up to its own position, never padding."""
+    key_positions = torch.arange(key_length, device=query_positions.device)
+    visible = key_positions[None, None, :] <= query_positions[:, :, None]
+    zeros = torch.zeros((), dtype=dtype, device=query_positions.device)
+    blocked = torch.full((), float("-inf"), dtype=dtype, device=query_positions.device)
+    return torch.where(visible, zeros, blocked)[:, None]

@@ -1,0 +1,170 @@
+"""A decoder-only transformer whose positional scheme is a config field.
+
+Pre-norm blocks (RMSNorm, attention, RMSNorm, SwiGLU MLP) with grouped-query attention through
+`scaled_dot_product_attention`. The layout and parameter names follow Llama's, so Hugging Face
+Llama-family weights load by renaming keys alone. Everything positional is delegated to
+`PositionalEncoding`, which draws its math from `pe_runtime`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pe_runtime import PECache, RopeScaling
+from pe_runtime.rope import apply_rope
+from service.model.config import ModelConfig
+from service.model.kv_cache import KVCache
+from service.model.positional import PositionalEncoding, PositionalInputs
+
+ScalingArg = RopeScaling | Sequence[RopeScaling] | None
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in float32, as Llama does, then cast back."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with `n_kv_heads` key/value heads shared by groups of query heads."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.d_model, config.n_heads * head_dim, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.d_model, config.n_kv_heads * head_dim, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.d_model, config.n_kv_heads * head_dim, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.n_heads * head_dim, config.d_model, bias=False)
+
+    def forward(
+        self, x: Tensor, positions: PositionalInputs, cache: KVCache | None, layer_index: int
+    ) -> Tensor:
+        batch, length, _ = x.shape
+        queries = self._heads(self.q_proj(x), self.config.n_heads)  # [B, H, Tq, hd]
+        keys = self._heads(self.k_proj(x), self.config.n_kv_heads)  # [B, Hkv, Tq, hd]
+        values = self._heads(self.v_proj(x), self.config.n_kv_heads)
+        if cache is not None:
+            # Un-rotated keys go into the cache; the window comes back [B, Hkv, Tk, hd].
+            keys, values = cache.write(layer_index, keys, values)
+        if positions.rope_queries is not None and positions.rope_keys is not None:
+            layout = self.config.rope_layout
+            queries = apply_rope(queries, *positions.rope_queries, layout=layout)
+            keys = apply_rope(keys, *positions.rope_keys, layout=layout)
+        attended = F.scaled_dot_product_attention(
+            queries,
+            keys,
+            values,
+            attn_mask=positions.attn_mask,
+            is_causal=positions.attn_mask is None,
+            enable_gqa=self.config.n_kv_heads != self.config.n_heads,
+        )  # [B, H, Tq, hd]
+        output: Tensor = self.o_proj(attended.transpose(1, 2).reshape(batch, length, -1))
+        return output
+
+    def _heads(self, projected: Tensor, n_heads: int) -> Tensor:
+        """[B, T, n_heads * hd] -> [B, n_heads, T, hd]."""
+        batch, length, _ = projected.shape
+        return projected.view(batch, length, n_heads, self.config.head_dim).transpose(1, 2)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.d_model, config.ffn_hidden, bias=False)
+        self.up_proj = nn.Linear(config.d_model, config.ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(config.ffn_hidden, config.d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        output: Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return output
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attn = Attention(config)
+        self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, x: Tensor, positions: PositionalInputs, cache: KVCache | None, layer_index: int
+    ) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), positions, cache, layer_index)
+        output: Tensor = x + self.mlp(self.mlp_norm(x))
+        return output
+
+
+class Transformer(nn.Module):
+    """The model. `model(tokens)` is the full-sequence forward used for training and scoring.
+
+    `scaling` overrides the config's default RoPE scaling: one value for every row, or one per
+    row (this is how a batch mixes requests with different scalings). With a `cache`, `tokens`
+    are appended after each row's cached tokens and the cache advances by `T`.
+    """
+
+    def __init__(self, config: ModelConfig, pe_cache: PECache | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.positions = PositionalEncoding(
+            config, pe_cache if pe_cache is not None else PECache(registry=None)
+        )
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.apply(_init_weights)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, tokens: Tensor, *, scaling: ScalingArg = None, cache: KVCache | None = None) -> Tensor:
+        """tokens [B, T] -> logits [B, T, vocab_size]."""
+        batch, length = tokens.shape
+        hidden = self.embed_tokens(tokens)  # [B, T, D]
+        past_lengths = cache.lengths if cache is not None else [0] * batch
+        positions = self.positions(
+            length, past_lengths, self._row_scalings(scaling), device=tokens.device, dtype=hidden.dtype
+        )
+        if positions.absolute is not None:
+            hidden = hidden + positions.absolute
+        if cache is not None:
+            cache.reserve(length)
+        for index, layer in enumerate(self.layers):
+            hidden = layer(hidden, positions, cache, index)
+        if cache is not None:
+            cache.advance(length)
+        logits: Tensor = self.lm_head(self.norm(hidden))
+        return logits
+
+    def new_cache(self, batch_size: int, capacity: int) -> KVCache:
+        """An empty cache on this model's device and dtype."""
+        weight = self.embed_tokens.weight
+        return KVCache.empty(self.config, batch_size, capacity, device=weight.device, dtype=weight.dtype)
+
+    def _row_scalings(self, scaling: ScalingArg) -> Sequence[RopeScaling]:
+        if scaling is None:
+            return [self.positions.default_scaling]
+        return [scaling] if isinstance(scaling, RopeScaling) else scaling
+
+
+def _init_weights(module: nn.Module) -> None:
+    """GPT-2 style N(0, 0.02) for projections and tables; RMSNorm weights stay at one."""
+    if isinstance(module, nn.Linear | nn.Embedding):
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
