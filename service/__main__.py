@@ -1,0 +1,5 @@
+"""`python -m service`: the same as the `pe-serve` command."""
+
+from service.cli import main
+
+main()

@@ -1,0 +1,62 @@
+"""The FastAPI application factory.
+
+`create_app(settings)` builds a server that loads its models itself (the bundled zoo unless
+`settings.model_dir` says otherwise); `create_app(settings, engine)` serves a given engine, which
+the app then starts, warms and shuts down as its own.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+
+from service.api.errors import install_error_handlers
+from service.api.lifespan import engine_lifespan
+from service.api.loading import load_engine
+from service.api.metrics import ServiceMetrics
+from service.api.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestContextMiddleware
+from service.api.routes import generate, health, metrics, models, score
+from service.api.state import ServiceState
+from service.engine.types import Engine, EngineStats
+from service.settings import Settings
+
+# Liveness, readiness, scraping and the API description stay reachable without a key.
+OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+
+_DESCRIPTION = (
+    "Inference with a per-request positional encoding: `pe` picks the resident model trained with "
+    "that scheme, `pe_scaling` the RoPE context-extension method applied to this request only."
+)
+
+
+def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+    state = ServiceState(drain_timeout_s=settings.drain_timeout_s)
+
+    def engine_stats() -> EngineStats | None:
+        return state.engine.stats() if state.engine is not None else None
+
+    service_metrics = ServiceMetrics(engine_stats)
+    build = (lambda: engine) if engine is not None else partial(load_engine, settings)
+    app = FastAPI(
+        title="pe-serve",
+        version="0.1.0",
+        description=_DESCRIPTION,
+        lifespan=engine_lifespan(state, build, warm=settings.warmup),
+    )
+    app.state.service = state
+    app.state.metrics = service_metrics
+    app.state.settings = settings
+    install_error_handlers(app)
+    routers = [module.router for module in (generate, score, models, health, metrics)]
+    for router in routers:
+        app.include_router(router)
+    # Added innermost first: the request context wraps everything, then auth, then the body limit.
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    keys = settings.api_keys()
+    if keys:
+        app.add_middleware(ApiKeyMiddleware, keys=keys, open_paths=OPEN_PATHS)
+    endpoints = [route.path for router in routers for route in router.routes if isinstance(route, APIRoute)]
+    app.add_middleware(RequestContextMiddleware, metrics=service_metrics, endpoints=endpoints)
+    return app

@@ -1,0 +1,71 @@
+"""Engine results -> response models. The only place that knows both vocabularies."""
+
+from __future__ import annotations
+
+from service.api.errors import APIError
+from service.api.schemas.responses import (
+    FinishReason,
+    GenerateResponse,
+    ModelCard,
+    PEBlock,
+    TimingBlock,
+    Usage,
+)
+from service.engine.types import GenerationResult, ModelInfo, PEInfo, Timing
+
+_CLIENT_FINISH_REASONS: tuple[FinishReason, ...] = ("length", "stop", "eos")
+
+
+def pe_block(pe: PEInfo) -> PEBlock:
+    return PEBlock(
+        scheme=pe.scheme,
+        scaling=pe.scaling.to_dict() if pe.scaling is not None else None,
+        attention_factor=pe.attention_factor,
+        native_context=pe.native_context,
+        max_context=pe.max_context,
+    )
+
+
+def timing_block(timing: Timing) -> TimingBlock:
+    return TimingBlock(queue_ms=timing.queue_ms, prefill_ms=timing.prefill_ms, decode_ms=timing.decode_ms)
+
+
+def usage(result: GenerationResult) -> Usage:
+    return Usage(prompt_tokens=result.prompt_tokens, completion_tokens=len(result.tokens))
+
+
+def finish_reason(result: GenerationResult) -> FinishReason:
+    """The client-facing reason; a generation the engine cancelled (shutdown) is a 503, not an answer."""
+    for reason in _CLIENT_FINISH_REASONS:
+        if result.finish_reason == reason:
+            return reason
+    raise APIError(
+        503, f"The generation ended early ({result.finish_reason}); retry.", error_type="request_cancelled"
+    )
+
+
+def generate_response(response_id: str, model: str, result: GenerationResult) -> GenerateResponse:
+    return GenerateResponse(
+        id=response_id,
+        model=model,
+        text=result.text,
+        tokens=list(result.tokens),
+        logprobs=list(result.logprobs) if result.logprobs is not None else None,
+        finish_reason=finish_reason(result),
+        usage=usage(result),
+        pe=pe_block(result.pe),
+        timing=timing_block(result.timing),
+    )
+
+
+def model_card(info: ModelInfo) -> ModelCard:
+    return ModelCard(
+        name=info.name,
+        scheme=info.scheme,
+        native_context=info.native_context,
+        max_context=info.max_context,
+        supported_scalings=list(info.supported_scalings),
+        parameters=info.parameters,
+        device=info.device,
+        dtype=info.dtype,
+    )

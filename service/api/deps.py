@@ -1,0 +1,61 @@
+"""FastAPI dependencies, as `Annotated` aliases the routes declare as parameter types."""
+
+from __future__ import annotations
+
+import email.message
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from service.api.errors import APIError
+from service.api.metrics import ServiceMetrics
+from service.api.state import ServiceState
+from service.engine.types import Engine
+
+
+def get_state(request: Request) -> ServiceState:
+    state: ServiceState = request.app.state.service
+    return state
+
+
+def get_metrics(request: Request) -> ServiceMetrics:
+    metrics: ServiceMetrics = request.app.state.metrics
+    return metrics
+
+
+def get_engine(state: Annotated[ServiceState, Depends(get_state)]) -> Engine:
+    return state.engine_for_request()
+
+
+def get_request_id(request: Request) -> str:
+    request_id: str = request.scope["state"]["request_id"]
+    return request_id
+
+
+def get_started_at(request: Request) -> float:
+    """`time.perf_counter()` when the request reached the server, for time-to-first-token."""
+    started_at: float = request.scope["state"]["started_at"]
+    return started_at
+
+
+def require_json(request: Request) -> None:
+    """415 unless the body is declared as JSON (`application/json` or `application/*+json`).
+
+    Runs before the body is validated, so a form post or a missing content type is named as
+    what it is rather than as a confusing schema error.
+    """
+    message = email.message.Message()
+    message["content-type"] = request.headers.get("content-type", "")
+    subtype = message.get_content_subtype()
+    is_json = message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+    if not is_json:
+        raise APIError(415, "Content-Type must be application/json.", param=None)
+
+
+StateDep = Annotated[ServiceState, Depends(get_state)]
+MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
+EngineDep = Annotated[Engine, Depends(get_engine)]
+RequestIdDep = Annotated[str, Depends(get_request_id)]
+StartedAtDep = Annotated[float, Depends(get_started_at)]

@@ -1,0 +1,159 @@
+"""The one place where failures become the SPEC's error body `{"error": {type, message, param}}`.
+
+Every status the service answers with an error goes through `error_response`, whether it comes
+from request validation, `pe_runtime`'s config checks, the engine, the middlewares (401, 413) or
+an unexpected exception (500, logged with its stack trace but never echoed to the client).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pe_runtime import PEConfigError
+from service.engine.errors import (
+    ContextLengthError,
+    EngineDrainingError,
+    EngineError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    QueueFullError,
+    RequestCancelledError,
+)
+
+logger = logging.getLogger("service.api")
+
+SCALING_FIELD = "pe_scaling"
+
+_STATUS_TYPES: Mapping[int, str] = {
+    400: "bad_request",
+    401: "authentication_error",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request_error",
+    429: "queue_full",
+    503: "service_unavailable",
+}
+
+# Most specific class first: ContextLengthError is an InvalidRequestError.
+_ENGINE_STATUS: Sequence[tuple[type[EngineError], int]] = (
+    (ContextLengthError, 422),
+    (InvalidRequestError, 422),
+    (ModelNotFoundError, 404),
+    (QueueFullError, 429),
+    (EngineDrainingError, 503),
+    (RequestCancelledError, 503),
+)
+
+
+class APIError(Exception):
+    """A client-facing failure raised by the HTTP layer itself (bad content type, not ready, ...)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        error_type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.error_type = error_type or _STATUS_TYPES.get(status, "error")
+        self.headers = dict(headers or {})
+
+
+def error_body(error_type: str, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"type": error_type, "message": message, "param": param}}
+
+
+def error_response(error: APIError) -> JSONResponse:
+    body = error_body(error.error_type, error.message, error.param)
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
+
+
+def internal_error(request_id: str) -> APIError:
+    """The 500 a client sees: a request id to quote, nothing about our code."""
+    message = f"Internal server error; quote request id {request_id} when reporting it."
+    return APIError(500, message, error_type="internal_error")
+
+
+def from_engine_error(error: EngineError) -> APIError:
+    """Map an engine failure to its status; unknown engine failures are our fault (500)."""
+    status = next((code for cls, code in _ENGINE_STATUS if isinstance(error, cls)), 500)
+    headers: dict[str, str] = {}
+    if isinstance(error, QueueFullError):
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+    return APIError(status, error.message, param=error.param, error_type=error.error_type, headers=headers)
+
+
+def from_pe_config_error(error: PEConfigError) -> APIError:
+    field = getattr(error, "field", None)
+    param = f"{SCALING_FIELD}.{field}" if field else SCALING_FIELD
+    return APIError(422, str(error), param=param)
+
+
+def param_from_location(location: Sequence[str | int], error_type: str) -> str | None:
+    """Dotted request field from a pydantic error location.
+
+    Drops the leading "body" and the discriminator tag pydantic inserts for tagged unions
+    (`pe_scaling.yarn.factor` -> `pe_scaling.factor`); a bad or missing tag names `pe_scaling.type`.
+    """
+    parts = [str(part) for part in location]
+    if parts and parts[0] == "body":
+        parts = parts[1:]
+    if error_type == "json_invalid":
+        return None
+    if parts[:1] == [SCALING_FIELD]:
+        if error_type in ("union_tag_invalid", "union_tag_not_found"):
+            return f"{SCALING_FIELD}.type"
+        parts = [SCALING_FIELD, *parts[2:]]
+    return ".".join(parts) or None
+
+
+def from_validation_error(error: RequestValidationError) -> APIError:
+    first = error.errors()[0]
+    param = param_from_location(first.get("loc", ()), first.get("type", ""))
+    detail = str(first.get("msg", "invalid request"))
+    if first.get("type") == "json_invalid":
+        reason = first.get("ctx", {}).get("error")
+        detail = f"Request body is not valid JSON: {reason}" if reason else "Request body is not valid JSON"
+    message = f"{param}: {detail}" if param else detail
+    return APIError(422, message, param=param)
+
+
+def from_http_exception(error: StarletteHTTPException) -> APIError:
+    headers = dict(error.headers or {})
+    return APIError(error.status_code, str(error.detail), headers=headers)
+
+
+def _responding_with(convert: Callable[[Any], APIError]) -> Callable[[Request, Exception], Any]:
+    async def handle(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(convert(exc))
+
+    return handle
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the translators above; unexpected exceptions are handled by the request middleware."""
+    converters: Mapping[type[Exception], Callable[[Any], APIError]] = {
+        APIError: lambda exc: exc,
+        RequestValidationError: from_validation_error,
+        EngineError: from_engine_error,
+        PEConfigError: from_pe_config_error,
+        StarletteHTTPException: from_http_exception,
+    }
+    for exc_class, convert in converters.items():
+        app.add_exception_handler(exc_class, _responding_with(convert))

@@ -1,0 +1,66 @@
+"""Startup and shutdown: load the models in the background, warm them, start the engine; stop it.
+
+Loading runs after the server is listening, so `/healthz` answers at once while `/readyz` stays
+503 until every model has run one tiny prefill (which also builds the PE tables of its default
+scaling). A failed load is logged and leaves the state FAILED; the CLI then exits non-zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from fastapi import FastAPI
+
+from service.api.state import Phase, ServiceState
+from service.engine.types import Engine, ScoreRequest, ScoreResult
+
+logger = logging.getLogger("service.api.lifespan")
+
+EngineFactory = Callable[[], Engine]
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+
+_WARMUP_TEXT = "def warm_up():\n    return 0\n"
+
+
+async def warm_up(engine: Engine) -> None:
+    """One short scoring pass per model: weights paged in, kernels chosen, default PE tables built."""
+    for info in engine.models():
+        tokens = tuple(engine.encode(info.name, _WARMUP_TEXT))
+        handle = engine.submit(ScoreRequest(request_id=f"warmup-{info.name}", model=info.name, tokens=tokens))
+        async for event in handle:
+            if isinstance(event, ScoreResult):
+                break
+        logger.info("warmed", extra={"model": info.name, "scheme": info.scheme})
+
+
+async def start_engine(state: ServiceState, build: EngineFactory, *, warm: bool) -> None:
+    try:
+        engine = await asyncio.to_thread(build)
+        state.engine = engine
+        engine.start()
+        if warm:
+            await warm_up(engine)
+    except Exception:
+        logger.exception("model loading failed")
+        state.phase = Phase.FAILED
+        return
+    state.mark_ready(engine)
+    logger.info("ready", extra={"models": [info.name for info in engine.models()]})
+
+
+def engine_lifespan(state: ServiceState, build: EngineFactory, *, warm: bool) -> Lifespan:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        loading = asyncio.create_task(start_engine(state, build, warm=warm))
+        try:
+            yield
+        finally:
+            if not loading.done():
+                loading.cancel()
+            if state.engine is not None:
+                await asyncio.to_thread(state.engine.shutdown)
+
+    return lifespan

@@ -1,0 +1,46 @@
+"""Which checkpoint directories to serve, and the engine built from them.
+
+The engine (and torch with it) is imported only when a server actually loads models, so the
+HTTP layer's modules, and tools that just read the OpenAPI schema, stay light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from service.engine.types import Engine
+from service.settings import Settings
+
+ZOO_DIR = Path(__file__).resolve().parents[2] / "models"
+# Load order decides the default model and which model `pe` picks first; RoPE leads because it is
+# the scheme whose per-request scaling this service exists for.
+_ZOO_ORDER = ("rope", "alibi", "t5_bias", "nope", "sinusoidal", "learned")
+
+
+def bundled_zoo(zoo_dir: Path = ZOO_DIR) -> list[Path]:
+    """The zoo checkpoints shipped under `models/`, RoPE first; empty if none are there yet."""
+    found = [path for path in zoo_dir.glob("zoo-*") if (path / "config.json").is_file()]
+
+    def rank(path: Path) -> tuple[int, str]:
+        scheme = path.name.removeprefix("zoo-")
+        return (_ZOO_ORDER.index(scheme) if scheme in _ZOO_ORDER else len(_ZOO_ORDER), path.name)
+
+    return sorted(found, key=rank)
+
+
+def model_dirs(settings: Settings) -> list[Path]:
+    return list(settings.model_dir) or bundled_zoo()
+
+
+def load_engine(settings: Settings) -> Engine:
+    engine_module = importlib.import_module("service.engine.engine")
+    engine: Engine = engine_module.InferenceEngine.from_model_dirs(
+        model_dirs(settings),
+        device=settings.device,
+        dtype=settings.dtype,
+        max_context=settings.max_context,
+        max_batch_size=settings.max_batch_size,
+        max_queue=settings.max_queue,
+    )
+    return engine

@@ -1,0 +1,161 @@
+"""Pure ASGI middlewares, outermost first: request context, API key, body limit.
+
+They are ASGI rather than `BaseHTTPMiddleware` so that streaming responses pass through untouched
+and a client disconnect still reaches the route (which cancels the generation).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+import time
+import uuid
+from collections.abc import Collection
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api.errors import APIError, error_response, internal_error
+from service.api.logs import request_id_var
+from service.api.metrics import ServiceMetrics
+
+logger = logging.getLogger("service.api.access")
+
+REQUEST_ID_HEADER = "X-Request-ID"
+_CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+UNKNOWN_ENDPOINT = "other"
+
+
+def _request_id(headers: Headers) -> str:
+    """The client's id when it is a sane token (it ends up in logs and headers), else a fresh one."""
+    offered = headers.get(REQUEST_ID_HEADER, "")
+    return offered if _CLIENT_REQUEST_ID.fullmatch(offered) else uuid.uuid4().hex
+
+
+class RequestContextMiddleware:
+    """Request id (echoed or generated), access log, request metrics, and the last-resort 500.
+
+    An exception that reaches this layer is a bug: it is logged with its stack trace and the client
+    gets the SPEC's error body with the request id, never the trace.
+    """
+
+    def __init__(self, app: ASGIApp, *, metrics: ServiceMetrics, endpoints: Collection[str]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.endpoints = frozenset(endpoints)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = _request_id(Headers(scope=scope))
+        started = time.perf_counter()
+        scope.setdefault("state", {}).update(request_id=request_id, started_at=started)
+        token = request_id_var.set(request_id)
+        status = 500
+        response_started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, response_started
+            if message["type"] == "http.response.start":
+                response_started = True
+                status = message["status"]
+                MutableHeaders(scope=message)[REQUEST_ID_HEADER] = request_id
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            logger.exception("unhandled error", extra={"path": scope["path"]})
+            if not response_started:
+                await error_response(internal_error(request_id))(scope, receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - started
+            endpoint = scope["path"] if scope["path"] in self.endpoints else UNKNOWN_ENDPOINT
+            self.metrics.observe_request(endpoint, status, elapsed)
+            logger.info(
+                "request",
+                extra={
+                    "method": scope["method"],
+                    "path": scope["path"],
+                    "status": status,
+                    "duration_ms": round(elapsed * 1000, 3),
+                },
+            )
+            request_id_var.reset(token)
+
+
+class ApiKeyMiddleware:
+    """`Authorization: Bearer <key>` on every path but the open ones, compared in constant time."""
+
+    def __init__(self, app: ASGIApp, *, keys: Collection[bytes], open_paths: Collection[str]) -> None:
+        self.app = app
+        self.keys = tuple(keys)
+        self.open_paths = frozenset(open_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.open_paths and not self._authorized(scope):
+            error = APIError(
+                401, "Missing or invalid API key.", headers={"WWW-Authenticate": 'Bearer realm="pe-serve"'}
+            )
+            await error_response(error)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        scheme, _, offered = Headers(scope=scope).get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        candidate = offered.strip().encode()
+        # Compare against every key, without short-circuit, so timing reveals nothing.
+        matches = [hmac.compare_digest(candidate, key) for key in self.keys]
+        return any(matches)
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over the limit, declared (Content-Length) or streamed (chunked), before parsing.
+
+    The body is read here, at most `max_body_bytes` of it, and replayed to the app; later
+    `receive()` calls go to the server, so the app still sees `http.disconnect`.
+    """
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        first: Message | None = None
+        while first is None:
+            message = await receive()
+            if message["type"] != "http.request":
+                first = message
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                await self._refuse(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                first = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        pending: list[Message] = [first]
+
+        async def replay() -> Message:
+            return pending.pop() if pending else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        message = f"Request body exceeds the limit of {self.max_body_bytes} bytes."
+        error = APIError(413, message, headers={"Connection": "close"})
+        await error_response(error)(scope, receive, send)

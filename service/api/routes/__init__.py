@@ -1,0 +1,1 @@
+"""One APIRouter per endpoint group; `service.api.app` includes them all."""

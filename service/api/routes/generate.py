@@ -1,0 +1,99 @@
+"""POST /generate: text generation with a per-request scheme and RoPE scaling, JSON or SSE."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Request, Response
+
+from service.api.convert import generate_response
+from service.api.deps import EngineDep, MetricsDep, RequestIdDep, StartedAtDep, require_json
+from service.api.handles import ClientDisconnectedError, FirstTokenTimer, final_result
+from service.api.inputs import prepare_input
+from service.api.routes.responses import INFERENCE_ERRORS
+from service.api.schemas.requests import GenerateRequest
+from service.api.schemas.responses import GenerateResponse
+from service.api.schemas.scaling import SCALING_EXAMPLES
+from service.api.streaming import EventStreamResponse, generation_events
+from service.engine.types import GenerationRequest, GenerationResult, SamplingParams
+
+router = APIRouter(tags=["inference"], dependencies=[Depends(require_json)])
+
+CLIENT_CLOSED_REQUEST = 499
+
+_EXAMPLE_PROMPT: dict[str, Any] = {
+    "prompt": "def fib(n):",
+    "max_new_tokens": 32,
+    "temperature": 0.8,
+    "seed": 7,
+}
+GENERATE_EXAMPLES: dict[str, Any] = {
+    "default": {"summary": "The default model, its own scaling", "value": _EXAMPLE_PROMPT},
+    **{
+        scaling_type: {
+            "summary": f"RoPE with {scaling_type} scaling",
+            "value": {**_EXAMPLE_PROMPT, "pe": "rope", "pe_scaling": example},
+        }
+        for scaling_type, example in SCALING_EXAMPLES.items()
+    },
+    "stream": {"summary": "Streamed as server-sent events", "value": {**_EXAMPLE_PROMPT, "stream": True}},
+}
+
+_STREAM_DESCRIPTION = (
+    'With `stream: true`, `text/event-stream`: `data: {"token", "text"}` per token, a final '
+    '`data: {"finish_reason", "usage", ...}`, then `data: [DONE]`; a late failure is a '
+    '`data: {"error": {...}}` event.'
+)
+
+
+def sampling_params(body: GenerateRequest) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=body.max_new_tokens,
+        temperature=body.temperature,
+        top_k=body.top_k,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop=tuple(body.stop),
+        logprobs=body.logprobs,
+    )
+
+
+@router.post(
+    "/generate",
+    response_model=GenerateResponse,
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": _STREAM_DESCRIPTION},
+        **INFERENCE_ERRORS,
+    },
+)
+async def generate(
+    body: Annotated[GenerateRequest, Body(openapi_examples=GENERATE_EXAMPLES)],
+    request: Request,
+    engine: EngineDep,
+    metrics: MetricsDep,
+    request_id: RequestIdDep,
+    started_at: StartedAtDep,
+) -> Response | GenerateResponse:
+    """Generate from `prompt` or `tokens` on the model picked by `model` / `pe`, scaled by `pe_scaling`."""
+    prepared = prepare_input(engine, body, new_tokens=body.max_new_tokens)
+    response_id = f"gen-{uuid.uuid4().hex}"
+    job = GenerationRequest(
+        request_id=response_id,
+        model=prepared.model.name,
+        prompt_tokens=prepared.tokens,
+        sampling=sampling_params(body),
+        scaling=prepared.scaling,
+    )
+    handle = engine.submit(job)
+    first_token = FirstTokenTimer(metrics, started_at)
+    if body.stream:
+        events = generation_events(
+            handle, response_id=response_id, model=job.model, request_id=request_id, on_event=first_token
+        )
+        return EventStreamResponse(events, on_abort=handle.cancel)
+    try:
+        result = await final_result(handle, GenerationResult, request.receive, first_token)
+    except ClientDisconnectedError:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return generate_response(response_id, job.model, result)

@@ -1,0 +1,15 @@
+"""GET /metrics: Prometheus text exposition of the service's and pe_runtime's metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from service.api.deps import MetricsDep
+from service.api.metrics import CONTENT_TYPE
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
+async def metrics(service_metrics: MetricsDep) -> Response:
+    return Response(service_metrics.render(), media_type=CONTENT_TYPE)

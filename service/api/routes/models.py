@@ -1,0 +1,17 @@
+"""GET /models: the resident models, their schemes, contexts and the scalings each accepts."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.api.convert import model_card
+from service.api.deps import EngineDep
+from service.api.routes.responses import error_responses
+from service.api.schemas.responses import ModelsResponse
+
+router = APIRouter(tags=["models"])
+
+
+@router.get("/models", responses=error_responses(401, 503))
+async def list_models(engine: EngineDep) -> ModelsResponse:
+    return ModelsResponse(models=[model_card(info) for info in engine.models()])

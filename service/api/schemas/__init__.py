@@ -1,0 +1,1 @@
+"""Pydantic models of the HTTP API's request and response bodies."""

@@ -1,0 +1,99 @@
+"""Response bodies, as the SPEC fixes them; the SDK's models are checked against these schemas."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+FinishReason = Literal["length", "stop", "eos"]
+
+
+class ErrorDetail(BaseModel):
+    type: str
+    message: str
+    param: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class PEBlock(BaseModel):
+    """The positional encoding the request actually ran with, scaling resolved with its defaults."""
+
+    scheme: str
+    scaling: dict[str, Any] | None
+    attention_factor: float
+    native_context: int
+    max_context: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class TimingBlock(BaseModel):
+    queue_ms: float
+    prefill_ms: float
+    decode_ms: float
+
+
+class GenerateResponse(BaseModel):
+    id: str
+    model: str
+    text: str
+    tokens: list[int]
+    logprobs: list[float] | None
+    finish_reason: FinishReason
+    usage: Usage
+    pe: PEBlock
+    timing: TimingBlock
+
+
+class StreamToken(BaseModel):
+    """One SSE event per generated token; `logprob` only when the request asked for logprobs."""
+
+    token: int
+    text: str
+    logprob: float | None = None
+
+
+class StreamEnd(BaseModel):
+    """The last event before `data: [DONE]`: what the non-streaming response has besides the text."""
+
+    id: str
+    model: str
+    finish_reason: FinishReason
+    usage: Usage
+    pe: PEBlock
+    timing: TimingBlock
+
+
+class ScoreResponse(BaseModel):
+    model: str
+    tokens: list[int]
+    token_logprobs: list[float | None] = Field(description="Same length as tokens; the first is null.")
+    total_logprob: float
+    perplexity: float
+    num_tokens: int
+
+
+class ModelCard(BaseModel):
+    name: str
+    scheme: str
+    native_context: int
+    max_context: int
+    supported_scalings: list[str]
+    parameters: int
+    device: str
+    dtype: str
+
+
+class ModelsResponse(BaseModel):
+    models: list[ModelCard]
+
+
+class StatusResponse(BaseModel):
+    status: Literal["ok", "ready"]

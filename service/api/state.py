@@ -1,0 +1,61 @@
+"""The service's lifecycle: loading -> ready -> draining, or failed, and the engine once it exists.
+
+Routes ask `ServiceState.engine_for_request()` for the engine, so "not ready yet" and "draining"
+are answered with the same 503 everywhere, and `/readyz` reads the same phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from dataclasses import dataclass, field
+
+from service.api.errors import APIError
+from service.engine.types import Engine
+
+logger = logging.getLogger("service.api.state")
+
+
+class Phase(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+@dataclass
+class ServiceState:
+    """Mutable process-wide state shared by the lifespan, the routes and the CLI's signal handler."""
+
+    drain_timeout_s: float
+    engine: Engine | None = None
+    phase: Phase = Phase.LOADING
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def engine_for_request(self) -> Engine:
+        """The engine, or a 503 while loading, draining or after a failed start."""
+        if self.phase is Phase.READY and self.engine is not None:
+            return self.engine
+        reason = {
+            Phase.LOADING: "the models are still loading",
+            Phase.DRAINING: "the server is shutting down",
+            Phase.FAILED: "the models failed to load",
+        }.get(self.phase, "the server is not ready")
+        raise APIError(503, f"Service unavailable: {reason}.", headers={"Retry-After": "1"})
+
+    def mark_ready(self, engine: Engine) -> None:
+        self.engine = engine
+        if self.phase is Phase.LOADING:
+            self.phase = Phase.READY
+
+    async def drain(self) -> bool:
+        """Refuse new work, let running requests finish (up to the grace time); True if all did."""
+        self.phase = Phase.DRAINING
+        finished = True
+        if self.engine is not None:
+            logger.info("draining", extra={"timeout_s": self.drain_timeout_s})
+            finished = await asyncio.to_thread(self.engine.drain, self.drain_timeout_s)
+        logger.info("drained", extra={"all_finished": finished})
+        self.drained.set()
+        return finished

@@ -1,0 +1,104 @@
+"""Server-sent events for `stream: true`: one event per token, a final event, then `[DONE]`.
+
+An error after the first byte cannot change the status line any more, so it is sent as an
+`{"error": ...}` event. The response cancels the engine request when it ends for any reason
+(client gone included), which is what frees the batch slot of a client that disconnected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from service.api.convert import finish_reason, pe_block, timing_block, usage
+from service.api.errors import APIError, error_body, from_engine_error, internal_error
+from service.api.schemas.responses import StreamEnd, StreamToken
+from service.engine.errors import EngineError
+from service.engine.types import EngineEvent, GenerationResult, RequestHandle, TokenEvent
+
+logger = logging.getLogger("service.api.streaming")
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse_event(payload: BaseModel | dict[str, Any]) -> bytes:
+    data = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
+    return f"data: {data}\n\n".encode()
+
+
+def token_event(event: TokenEvent) -> bytes:
+    """`{"token", "text"}`, plus `logprob` only when the request asked for logprobs."""
+    token = StreamToken(token=event.token, text=event.text, logprob=event.logprob)
+    return f"data: {token.model_dump_json(exclude_none=True)}\n\n".encode()
+
+
+async def generation_events(
+    handle: RequestHandle,
+    *,
+    response_id: str,
+    model: str,
+    request_id: str,
+    on_event: Callable[[EngineEvent], None],
+) -> AsyncIterator[bytes]:
+    """The SSE body of one generation."""
+    try:
+        async for event in handle:
+            on_event(event)
+            if isinstance(event, TokenEvent):
+                yield token_event(event)
+            elif isinstance(event, GenerationResult):
+                end = StreamEnd(
+                    id=response_id,
+                    model=model,
+                    finish_reason=finish_reason(event),
+                    usage=usage(event),
+                    pe=pe_block(event.pe),
+                    timing=timing_block(event.timing),
+                )
+                yield sse_event(end)
+        yield DONE
+    except APIError as error:
+        yield sse_event(error_body(error.error_type, error.message, error.param))
+    except EngineError as error:
+        failure = from_engine_error(error)
+        yield sse_event(error_body(failure.error_type, failure.message, failure.param))
+    except Exception:
+        logger.exception("stream failed")
+        failure = internal_error(request_id)
+        yield sse_event(error_body(failure.error_type, failure.message))
+
+
+class EventStreamResponse(StreamingResponse):
+    """A `text/event-stream` response that calls `on_abort` unless its body was sent to the end.
+
+    Starlette cancels the sending task when the client disconnects; the body generator may then be
+    suspended at a `yield` and never resumed, so its own `finally` cannot be relied on to cancel
+    the engine request. This wrapper can.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[bytes], *, on_abort: Callable[[], None]) -> None:
+        super().__init__(
+            self._tracked(content), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
+        self._on_abort = on_abort
+        self._completed = False
+
+    async def _tracked(self, content: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async for chunk in content:
+            yield chunk
+        self._completed = True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self._completed:
+                self._on_abort()

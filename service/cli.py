@@ -1,0 +1,129 @@
+"""`pe-serve` / `python -m service`: parse flags, build the app, run uvicorn with a draining stop.
+
+SIGTERM (or Ctrl-C) does not stop the server at once: `/readyz` turns 503, new requests get 503,
+running ones finish (up to `--drain-timeout` seconds), and only then does uvicorn shut down and
+the process exit 0. A second signal stops it immediately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any, get_args
+
+import uvicorn
+from pydantic import ValidationError
+
+from service.api import create_app
+from service.api.logs import logging_config
+from service.api.state import Phase, ServiceState
+from service.settings import Device, DType, LogLevel, Settings
+
+# Seconds uvicorn waits for open connections once the drain is over; responses are complete by then.
+_CONNECTION_GRACE_S = 5.0
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server whose first stop signal drains the service instead of stopping at once."""
+
+    def __init__(self, config: uvicorn.Config, state: ServiceState) -> None:
+        super().__init__(config)
+        self.state = state
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain: asyncio.Task[bool] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not recorded in `_captured_signals`: uvicorn would re-raise it after shutdown and the
+        # process would die by the signal instead of exiting 0.
+        if self._drain is not None or self._loop is None:
+            self.force_exit = self.should_exit
+            self.should_exit = True
+            return
+        self._loop.call_soon_threadsafe(self._begin_drain)
+
+    def _begin_drain(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.ensure_future(self.state.drain())
+
+    async def on_tick(self, counter: int) -> bool:
+        stop = self.state.drained.is_set() or self.state.phase is Phase.FAILED
+        return await super().on_tick(counter) or stop
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Flags default to 'not given' so that `PE_SERVE_*` variables and defaults fill the rest."""
+    parser = argparse.ArgumentParser(
+        prog="pe-serve",
+        description="Serve transformers whose positional encoding and RoPE scaling are chosen per request.",
+        argument_default=argparse.SUPPRESS,
+        epilog="Every flag can also be set as PE_SERVE_<NAME> in the environment (e.g. PE_SERVE_MAX_QUEUE).",
+    )
+    parser.add_argument("--host", help="interface to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to bind (default 8000)")
+    parser.add_argument(
+        "--model-dir",
+        nargs="+",
+        action="extend",
+        metavar="DIR",
+        help="checkpoint directory (ours or Hugging Face Llama-family); repeatable; default: the bundled zoo",
+    )
+    parser.add_argument("--device", choices=get_args(Device), help="default auto (cuda when available)")
+    parser.add_argument(
+        "--dtype", choices=get_args(DType), help="default auto (bfloat16 on cuda, float32 on cpu)"
+    )
+    parser.add_argument(
+        "--max-context", type=int, metavar="N", help="longest prompt + generation (default 4096)"
+    )
+    parser.add_argument(
+        "--max-batch-size", type=int, metavar="N", help="sequences per forward pass (default 16)"
+    )
+    parser.add_argument("--max-queue", type=int, metavar="N", help="waiting requests before 429 (default 64)")
+    parser.add_argument(
+        "--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (comma-separate several)"
+    )
+    parser.add_argument("--max-body-bytes", type=int, metavar="N", help="request body limit (default 1 MiB)")
+    parser.add_argument(
+        "--drain-timeout",
+        dest="drain_timeout_s",
+        type=float,
+        metavar="S",
+        help="grace time on SIGTERM (default 30)",
+    )
+    parser.add_argument("--log-level", choices=get_args(LogLevel), help="default info")
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up prefill")
+    return parser
+
+
+def load_settings(argv: Sequence[str] | None = None) -> Settings:
+    parser = build_parser()
+    flags: dict[str, Any] = vars(parser.parse_args(argv))
+    try:
+        return Settings(**flags)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        parser.error(problems)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = load_settings(argv)
+    app = create_app(settings)
+    state: ServiceState = app.state.service
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=logging_config(settings.log_level),
+        access_log=False,
+        timeout_graceful_shutdown=int(_CONNECTION_GRACE_S),
+        server_header=False,
+    )
+    DrainingServer(config, state).run()
+    sys.exit(1 if state.phase is Phase.FAILED else 0)

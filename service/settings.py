@@ -1,0 +1,66 @@
+"""Server settings: one pydantic-settings model fed by CLI flags, `PE_SERVE_*` variables and defaults.
+
+Precedence is flag > environment > default, so a container can be configured entirely through its
+environment while a developer still overrides one knob on the command line.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+Device = Literal["auto", "cpu", "cuda"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+
+ONE_MIB = 1 << 20
+
+
+class Settings(BaseSettings):
+    """Everything the server process can be told; immutable once the app is built."""
+
+    model_config = SettingsConfigDict(env_prefix="PE_SERVE_", extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    model_dir: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="Checkpoint directories to serve; empty means the bundled zoo.",
+    )
+    device: Device = "auto"
+    dtype: DType = "auto"
+    max_context: int = Field(4096, ge=16)
+    max_batch_size: int = Field(16, ge=1)
+    max_queue: int = Field(64, ge=0)
+    api_key: SecretStr | None = Field(
+        None, description="Bearer key(s) required on inference routes; comma-separated for several."
+    )
+    max_body_bytes: int = Field(ONE_MIB, ge=1)
+    drain_timeout_s: float = Field(30.0, ge=0.0)
+    log_level: LogLevel = "info"
+    warmup: bool = True
+
+    @field_validator("model_dir", mode="before")
+    @classmethod
+    def _split_path_list(cls, value: object) -> object:
+        """`PE_SERVE_MODEL_DIR=a:b` (os.pathsep) or `a,b` lists several directories in one variable."""
+        if isinstance(value, str):
+            separators = value.replace(",", os.pathsep)
+            return [part for part in separators.split(os.pathsep) if part.strip()]
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_log_level(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    def api_keys(self) -> tuple[bytes, ...]:
+        """The accepted keys as bytes, ready for constant-time comparison."""
+        if self.api_key is None:
+            return ()
+        keys = (key.strip() for key in self.api_key.get_secret_value().split(","))
+        return tuple(key.encode() for key in keys if key)
