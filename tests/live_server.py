@@ -1,0 +1,147 @@
+"""A real `pe-serve` process on a free loopback port, for tests that talk HTTP to it.
+
+Used by the service's own tests and by the SDK's live tests, so its interface is kept stable:
+
+    from tests.live_server import live_server
+
+    with live_server([checkpoint_dir], max_queue=4, api_key="secret") as server:
+        httpx.get(server.url("/models"), headers={"Authorization": "Bearer secret"})
+
+`live_server(model_dirs, **options)` runs `python -m service --host 127.0.0.1 --port <free>
+--model-dir ... --<option> <value> ...` (option names are the CLI's flags with `_` for `-`;
+`True` passes a bare flag), waits until `/readyz` answers 200, yields a `LiveServer`, and stops
+the process on exit (SIGTERM, then SIGKILL if it does not exit in time). An empty `model_dirs`
+serves the bundled zoo. The server's log (JSON lines) goes to a file, read with `server.logs()`;
+it is included in the error when the server fails to start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 30.0
+_POLL_INTERVAL_S = 0.1
+
+OptionValue = str | int | float | bool
+
+
+def free_port() -> int:
+    """A port the OS just handed out on 127.0.0.1 (free now; a tiny race remains until the bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def cli_args(model_dirs: Sequence[Path | str], options: Mapping[str, OptionValue]) -> list[str]:
+    """`--model-dir A B --max-queue 4 --no-warmup` from `[A, B]` and `{"max_queue": 4, "no_warmup": True}`."""
+    args = ["--model-dir", *map(str, model_dirs)] if model_dirs else []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is not False:
+            args.extend([flag, str(value)])
+    return args
+
+
+@dataclass
+class LiveServer:
+    """A running server process and how to reach it."""
+
+    process: subprocess.Popen[bytes]
+    base_url: str
+    log_path: Path
+
+    def url(self, path: str) -> str:
+        return self.base_url + path
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def send_signal(self, sig: int = signal.SIGTERM) -> None:
+        self.process.send_signal(sig)
+
+    def wait(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """Exit status once the process has ended (negative: killed by that signal)."""
+        return self.process.wait(timeout=timeout)
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM (a graceful drain), then SIGKILL if it is still running after `timeout`."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait()
+
+
+def _wait_until_ready(server: LiveServer, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if server.process.poll() is not None:
+                raise RuntimeError(f"pe-serve exited with {server.process.returncode}:\n{server.logs()}")
+            with contextlib.suppress(httpx.TransportError):
+                if client.get(server.url("/readyz")).status_code == 200:
+                    return
+            time.sleep(_POLL_INTERVAL_S)
+    raise TimeoutError(f"pe-serve not ready after {timeout:.0f} s:\n{server.logs()}")
+
+
+def start_server(
+    model_dirs: Sequence[Path | str] = (),
+    *,
+    env: Mapping[str, str] | None = None,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+    **options: OptionValue,
+) -> LiveServer:
+    """Start a server and wait until it is ready; the caller stops it (prefer `live_server`)."""
+    port = free_port()
+    command = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)]
+    command += cli_args(model_dirs, options)
+    log_file = tempfile.NamedTemporaryFile(prefix="pe-serve-", suffix=".log", delete=False)  # noqa: SIM115
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    process = subprocess.Popen(
+        command, cwd=REPO_ROOT, env=environment, stdout=log_file, stderr=subprocess.STDOUT
+    )
+    log_file.close()
+    server = LiveServer(process=process, base_url=f"http://127.0.0.1:{port}", log_path=Path(log_file.name))
+    try:
+        _wait_until_ready(server, ready_timeout_s)
+    except BaseException:
+        server.stop(timeout=5.0)
+        raise
+    return server
+
+
+@contextlib.contextmanager
+def live_server(
+    model_dirs: Sequence[Path | str] = (),
+    *,
+    env: Mapping[str, str] | None = None,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+    **options: OptionValue,
+) -> Iterator[LiveServer]:
+    """A ready server for the duration of the block; stopped (and its log file removed) afterwards."""
+    server = start_server(model_dirs, env=env, ready_timeout_s=ready_timeout_s, **options)
+    try:
+        yield server
+    finally:
+        server.stop()
+        server.log_path.unlink(missing_ok=True)
