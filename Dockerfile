@@ -1,0 +1,62 @@
+# syntax=docker/dockerfile:1
+#
+# pe-serve with its bundled zoo.
+#   GPU hosts (default base, torch comes with it):  docker build -t pe-serve .
+#   CPU hosts:  docker build --build-arg BASE_IMAGE=python:3.11-slim -t pe-serve:cpu .
+# torch from a local wheel (air-gapped, or to avoid PyPI's multi-GB CUDA build on a CPU image):
+# put the wheel in the wheelhouse directory of the build context (build arg WHEELHOUSE, default
+# `.whl/`); it is installed from there without an index. Any pytorch/pytorch *-runtime tag with
+# Python >= 3.11 works as the GPU base.
+
+ARG BASE_IMAGE=pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime
+
+FROM ${BASE_IMAGE} AS builder
+ARG WHEELHOUSE=.whl
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+# --system-site-packages: on the PyTorch base the image's own CUDA torch satisfies the dependency.
+RUN python3 -m venv --system-site-packages /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /app
+
+# Dependencies first, in their own layer, so editing the source does not reinstall them.
+# The glob keeps the COPY valid when the build context has no wheelhouse. Versions are pyproject's.
+COPY pyproject.toml ${WHEELHOUSE}* /tmp/wheelhouse/
+# hadolint ignore=DL3013
+RUN --mount=type=cache,target=/root/.cache/pip \
+    set -eu; \
+    torch_wheel="$(find /tmp/wheelhouse -maxdepth 1 -name 'torch-*.whl' | head -n 1)"; \
+    if [ -n "$torch_wheel" ]; then pip install --no-index --find-links /tmp/wheelhouse "$torch_wheel"; fi; \
+    python3 -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/wheelhouse/pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt; \
+    pip install --find-links /tmp/wheelhouse -r /tmp/requirements.txt
+
+# An editable install keeps the packages beside models/ under /app, where the bundled zoo is found.
+COPY README.md pyproject.toml ./
+COPY pe_runtime ./pe_runtime
+COPY service ./service
+COPY training ./training
+COPY bench ./bench
+RUN pip install --no-cache-dir --no-deps --find-links /tmp/wheelhouse -e . \
+    && python3 -m compileall -q /app/pe_runtime /app/service
+
+FROM ${BASE_IMAGE} AS runtime
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PE_SERVE_HOST=0.0.0.0 \
+    PE_SERVE_PORT=8000
+RUN groupadd --system --gid 10001 pe \
+    && useradd --system --uid 10001 --gid pe --home-dir /app --shell /usr/sbin/nologin pe
+COPY --from=builder /opt/venv /opt/venv
+COPY --from=builder /app /app
+COPY models /app/models
+WORKDIR /app
+USER 10001:10001
+EXPOSE 8000
+# Ready (200) only once the models are loaded and warm; 503 while loading or draining.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ.get('PE_SERVE_PORT', '8000')}/readyz\", timeout=4)"]
+STOPSIGNAL SIGTERM
+CMD ["pe-serve"]

