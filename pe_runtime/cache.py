@@ -1,0 +1,269 @@
+"""`PECache`: one per process, handing out PE tables keyed by (kind, device, dtype, parameters).
+
+The engine asks for tables on every decode step from its worker thread, so a hit is a dict lookup
+under a lock plus slicing: no tensor arithmetic, no allocation beyond the views. Entries grow to the
+next power of two when a longer length is asked for (amortised growth), shorter lengths are views
+of the same storage, and each device has its own byte budget with least-recently-used eviction.
+Tables are built outside the lock so one slow build (a 64k table on CPU) does not stall hits on
+other keys; two threads racing on the same key may both build, and the larger table wins.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from pe_runtime.absolute import sinusoidal_table
+from pe_runtime.alibi import alibi_slopes
+from pe_runtime.rope import RopeLayout, rope_cos_sin, rope_inv_freq, rope_seq_len_key
+from pe_runtime.scaling import RopeScaling
+from pe_runtime.t5 import t5_relative_position_bucket
+
+DEFAULT_BUDGET_BYTES_PER_DEVICE = 512 * 1024 * 1024
+
+_UNSCALED = RopeScaling()
+
+
+class RopeTables(NamedTuple):
+    """cos and sin [length, rotary_dim] (views into the cached tables) and the factor already in them."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    attention_factor: float
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """A consistent snapshot of the counters; hits/misses are keyed by (kind, device)."""
+
+    hits: Mapping[tuple[str, str], int]
+    misses: Mapping[tuple[str, str], int]
+    evictions: Mapping[str, int]
+    bytes: Mapping[str, int]
+    entries: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    tensors: tuple[torch.Tensor, ...]
+    capacity: int
+    nbytes: int
+    attention_factor: float = 1.0
+
+
+_Builder = Callable[[int], _Entry]
+_Key = tuple[str, str, Hashable]
+
+
+class PECache:
+    """Thread-safe, per-device LRU cache of RoPE cos/sin tables, ALiBi slopes, sinusoidal tables and
+    T5 buckets. Entries larger than the whole budget are handed out but not kept."""
+
+    def __init__(
+        self,
+        budget_bytes_per_device: int = DEFAULT_BUDGET_BYTES_PER_DEVICE,
+        *,
+        registry: CollectorRegistry | None = REGISTRY,
+    ) -> None:
+        """`registry=None` keeps the counters private (readable through `stats()` only)."""
+        if budget_bytes_per_device < 0:
+            raise ValueError(f"budget_bytes_per_device must be >= 0, got {budget_bytes_per_device}")
+        self.budget_bytes_per_device = budget_bytes_per_device
+        self._lock = threading.Lock()
+        self._lru: defaultdict[str, OrderedDict[_Key, _Entry]] = defaultdict(OrderedDict)
+        self._bytes: defaultdict[str, int] = defaultdict(int)
+        self._hits: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self._misses: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self._evictions: defaultdict[str, int] = defaultdict(int)
+        if registry is not None:
+            registry.register(_CacheCollector(self))
+
+    def rope(
+        self,
+        head_dim: int,
+        base: float,
+        scaling: RopeScaling | None,
+        length: int,
+        *,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        layout: RopeLayout = "neox",
+        seq_len: int | None = None,
+    ) -> RopeTables:
+        """cos/sin for positions 0 .. length-1; see `rope_inv_freq` for head_dim, base and seq_len.
+
+        seq_len enters the key only as far as the scaling depends on it, so static scalings share
+        one entry across all sequence lengths.
+        """
+        scaling = scaling or _UNSCALED
+        seq_len_key = rope_seq_len_key(scaling, seq_len)
+        target = _canonical_device(device)
+
+        def build(capacity: int) -> _Entry:
+            inv_freq, attention_factor = rope_inv_freq(head_dim, base, scaling, seq_len_key)
+            cos, sin = rope_cos_sin(
+                inv_freq, attention_factor, capacity, layout=layout, dtype=dtype, device=target
+            )
+            return _entry((cos, sin), capacity, attention_factor)
+
+        params = (head_dim, float(base), scaling, seq_len_key, layout, dtype)
+        entry = self._fetch("rope", target, params, length, build)
+        cos, sin = entry.tensors
+        return RopeTables(cos[:length], sin[:length], entry.attention_factor)
+
+    def alibi_slopes(self, num_heads: int, *, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+        """ALiBi slopes [num_heads] on `device` in `dtype`."""
+        target = _canonical_device(device)
+
+        def build(capacity: int) -> _Entry:
+            return _entry((alibi_slopes(num_heads).to(device=target, dtype=dtype),), capacity)
+
+        return self._fetch("alibi_slopes", target, (num_heads, dtype), 1, build).tensors[0]
+
+    def sinusoidal(
+        self, length: int, dim: int, *, device: torch.device | str, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The sinusoidal position table [length, dim]."""
+        target = _canonical_device(device)
+
+        def build(capacity: int) -> _Entry:
+            return _entry((sinusoidal_table(capacity, dim, device=target).to(dtype),), capacity)
+
+        return self._fetch("sinusoidal", target, (dim, dtype), length, build).tensors[0][:length]
+
+    def t5_buckets(
+        self,
+        length: int,
+        *,
+        bidirectional: bool,
+        num_buckets: int,
+        max_distance: int,
+        device: torch.device | str,
+    ) -> torch.Tensor:
+        """T5 buckets for relative positions -(length-1) .. length-1, long [2*length - 1].
+
+        The bucket of query q and key k is `buckets[k - q + length - 1]`.
+        """
+        target = _canonical_device(device)
+
+        def build(capacity: int) -> _Entry:
+            relative = torch.arange(1 - capacity, capacity, device=target)
+            buckets = t5_relative_position_bucket(
+                relative, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+            )
+            return _entry((buckets,), capacity)
+
+        params = (bidirectional, num_buckets, max_distance)
+        entry = self._fetch("t5_buckets", target, params, length, build)
+        centre = entry.capacity - 1
+        return entry.tensors[0][centre - (length - 1) : centre + length]
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(
+                hits=dict(self._hits),
+                misses=dict(self._misses),
+                evictions=dict(self._evictions),
+                bytes={device: self._bytes[device] for device in self._lru},
+                entries={device: len(entries) for device, entries in self._lru.items()},
+            )
+
+    def _fetch(
+        self, kind: str, device: torch.device, params: Hashable, length: int, build: _Builder
+    ) -> _Entry:
+        """The entry for (kind, device, params) holding at least `length` positions, built if needed."""
+        if length < 1:
+            raise ValueError(f"length must be >= 1, got {length}")
+        label = str(device)
+        key: _Key = (kind, label, params)
+        with self._lock:
+            entries = self._lru[label]
+            cached = entries.get(key)
+            if cached is not None and cached.capacity >= length:
+                entries.move_to_end(key)
+                self._hits[kind, label] += 1
+                return cached
+            self._misses[kind, label] += 1
+        built = build(_next_power_of_two(length))
+        with self._lock:
+            raced = entries.get(key)
+            if raced is not None and raced.capacity >= built.capacity:
+                entries.move_to_end(key)
+                return raced
+            self._store(label, key, built)
+        return built
+
+    def _store(self, label: str, key: _Key, entry: _Entry) -> None:
+        """Insert (replacing a smaller entry for the key) and evict from the cold end. Lock held."""
+        entries = self._lru[label]
+        replaced = entries.pop(key, None)
+        if replaced is not None:
+            self._bytes[label] -= replaced.nbytes
+        if entry.nbytes > self.budget_bytes_per_device:
+            return
+        entries[key] = entry
+        self._bytes[label] += entry.nbytes
+        while self._bytes[label] > self.budget_bytes_per_device:
+            _, evicted = entries.popitem(last=False)
+            self._bytes[label] -= evicted.nbytes
+            self._evictions[label] += 1
+
+
+class _CacheCollector(Collector):
+    """Exports the cache's counters at scrape time, so hits never touch prometheus_client."""
+
+    def __init__(self, cache: PECache) -> None:
+        self._cache = cache
+
+    def describe(self) -> Iterator[Metric]:
+        """Declares the names so a second cache on the same registry is refused, not silently merged."""
+        yield from _metric_families(CacheStats({}, {}, {}, {}, {}))
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _metric_families(self._cache.stats())
+
+
+def _metric_families(stats: CacheStats) -> Iterator[Metric]:
+    hits = CounterMetricFamily(
+        "pe_cache_hits", "PE table requests served from the cache.", labels=["kind", "device"]
+    )
+    misses = CounterMetricFamily(
+        "pe_cache_misses", "PE table requests that built or grew a table.", labels=["kind", "device"]
+    )
+    for (kind, device), count in stats.hits.items():
+        hits.add_metric([kind, device], count)
+    for (kind, device), count in stats.misses.items():
+        misses.add_metric([kind, device], count)
+    evictions = CounterMetricFamily(
+        "pe_cache_evictions", "Entries dropped to stay within the byte budget.", labels=["device"]
+    )
+    for device, count in stats.evictions.items():
+        evictions.add_metric([device], count)
+    size = GaugeMetricFamily("pe_cache_bytes", "Bytes held by cached PE tables.", labels=["device"])
+    for device, count in stats.bytes.items():
+        size.add_metric([device], count)
+    yield from (hits, misses, evictions, size)
+
+
+def _entry(tensors: tuple[torch.Tensor, ...], capacity: int, attention_factor: float = 1.0) -> _Entry:
+    return _Entry(tensors, capacity, sum(tensor.nbytes for tensor in tensors), attention_factor)
+
+
+def _next_power_of_two(length: int) -> int:
+    return 1 << (length - 1).bit_length()
+
+
+def _canonical_device(device: torch.device | str) -> torch.device:
+    """'cuda' and 'cuda:0' must share entries when 0 is the current device."""
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and resolved.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return resolved
