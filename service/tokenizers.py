@@ -1,7 +1,8 @@
 """Tokenizers behind one small interface: our byte-level one and Hugging Face `tokenizer.json`.
 
-`encode` never adds special tokens: whether a prompt starts with BOS is a model convention that the
-engine applies, so scoring exact token lists and encoding text stay the same operation.
+`encode(text)` returns the text's tokens only; `add_special_tokens=True` adds what the model expects
+at the start of a document (BOS for our byte models, whatever `tokenizer.json` prescribes for
+Hugging Face ones). Prompts are encoded that way, token lists sent by clients are used as given.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 class TextTokenizer(Protocol):
     vocab_size: int
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]: ...
 
     def decode(self, tokens: list[int]) -> str: ...
 
@@ -32,8 +33,10 @@ class ByteTokenizer:
     bos_id = 256
     eos_id = 257
 
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Training frames every file as BOS bytes EOS, so a prompt starts like a file does."""
+        prefix = [self.bos_id] if add_special_tokens else []
+        return prefix + list(text.encode("utf-8"))
 
     def decode(self, tokens: list[int]) -> str:
         return bytes(token for token in tokens if 0 <= token < 256).decode("utf-8", errors="replace")
@@ -46,8 +49,8 @@ class HFTokenizer:
         self._tokenizer = _HFTokenizer.from_file(str(path))
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, tokens: list[int]) -> str:
         return str(self._tokenizer.decode(tokens, skip_special_tokens=True))

@@ -1,0 +1,139 @@
+"""Resident models: loading a directory (ours or Hugging Face) and what a request may ask of it.
+
+`ServedModel.resolve_pe` is the single place that decides whether a scaling and a length can run
+on a model, so the HTTP layer's early validation and the engine's admission agree by construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pe_runtime import PECache, PEConfigError, RopeScaling, rope_inv_freq
+from service.engine.errors import ContextLengthError, InvalidRequestError
+from service.engine.types import ModelInfo, PEInfo
+from service.model.checkpoint import is_checkpoint, load_checkpoint, read_config
+from service.model.hf import is_hf_checkpoint, load_hf_checkpoint
+from service.model.positional import SUPPORTED_SCALINGS
+from service.model.transformer import Transformer
+from service.tokenizers import ByteTokenizer, HFTokenizer, TextTokenizer
+
+SCALING_PARAM = "pe_scaling"
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str
+    model: Transformer
+    tokenizer: TextTokenizer
+    info: ModelInfo
+
+    @property
+    def default_scaling(self) -> RopeScaling:
+        return self.model.positions.default_scaling
+
+    def effective_scaling(self, scaling: RopeScaling | None) -> RopeScaling:
+        """A request's scaling replaces the model's own; None keeps the model's."""
+        return scaling if scaling is not None else self.default_scaling
+
+    def resolve_pe(self, scaling: RopeScaling | None, total_length: int) -> PEInfo:
+        """Validate `scaling` for this model at `total_length` tokens (prompt + new tokens)."""
+        config = self.model.config
+        effective = self.effective_scaling(scaling)
+        if effective.type not in self.info.supported_scalings:
+            raise InvalidRequestError(
+                f"scaling {effective.type!r} is not supported by the {config.pe!r} scheme of model "
+                f"{self.name!r} (supported: {', '.join(self.info.supported_scalings)})",
+                param=f"{SCALING_PARAM}.type",
+            )
+        if total_length > self.info.max_context:
+            raise ContextLengthError(
+                f"prompt plus max_new_tokens is {total_length} tokens, over the max_context of "
+                f"{self.name!r} ({self.info.max_context})",
+                param="max_new_tokens",
+            )
+        if config.pe == "learned":
+            self._check_learned_table(effective, total_length)
+        return PEInfo(
+            scheme=config.pe,
+            scaling=effective,
+            attention_factor=self._attention_factor(effective, total_length),
+            native_context=config.native_context,
+            max_context=self.info.max_context,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=True)
+
+    def _check_learned_table(self, scaling: RopeScaling, total_length: int) -> None:
+        """Learned positions exist only up to the table (stretched by a linear factor)."""
+        native = self.model.config.native_context
+        factor = scaling.factor if scaling.type == "linear" else 1.0
+        if total_length > int(native * factor):
+            needed = total_length / native
+            raise ContextLengthError(
+                f"{self.name!r} has learned positions for {int(native * factor)} tokens"
+                f"{' at this factor' if factor > 1.0 else ''}; {total_length} need "
+                f"pe_scaling {{'type': 'linear', 'factor': >= {needed:.3g}}}",
+                param=f"{SCALING_PARAM}.factor" if factor > 1.0 else SCALING_PARAM,
+            )
+
+    def _attention_factor(self, scaling: RopeScaling, total_length: int) -> float:
+        config = self.model.config
+        if config.pe != "rope":
+            return 1.0
+        try:
+            _, factor = rope_inv_freq(config.rotary_dim, config.rope_base, scaling, seq_len=total_length)
+        except PEConfigError as error:
+            raise InvalidRequestError(error.message, param=f"{SCALING_PARAM}.{error.field}") from error
+        return factor
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """`auto`/None: bfloat16 on CUDA, float32 on CPU (where bfloat16 matmuls are slow)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    resolved = getattr(torch, dtype)
+    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+        raise ValueError(f"unsupported dtype {dtype!r}")
+    return resolved
+
+
+def load_served_model(
+    directory: Path, *, device: torch.device, dtype: torch.dtype, max_context: int, pe_cache: PECache
+) -> ServedModel:
+    """Load our checkpoint or a Hugging Face Llama-family directory (`tokenizer.json` required)."""
+    tokenizer: TextTokenizer
+    if is_checkpoint(directory):
+        name, _ = read_config(directory)
+        model = load_checkpoint(directory, device=device, dtype=dtype, pe_cache=pe_cache)
+        tokenizer = ByteTokenizer()
+    elif is_hf_checkpoint(directory):
+        name = directory.name
+        model = load_hf_checkpoint(directory, device=device, dtype=dtype, pe_cache=pe_cache)
+        tokenizer = HFTokenizer(directory / "tokenizer.json")
+    else:
+        raise ValueError(f"{directory} holds neither a pe-serve nor a Hugging Face checkpoint")
+    config = model.config
+    info = ModelInfo(
+        name=name,
+        scheme=config.pe,
+        native_context=config.native_context,
+        max_context=min(max_context, config.sliding_window or max_context),
+        supported_scalings=SUPPORTED_SCALINGS[config.pe],
+        parameters=sum(parameter.numel() for parameter in model.parameters()),
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
+        vocab_size=config.vocab_size,
+    )
+    return ServedModel(name=name, model=model, tokenizer=tokenizer, info=info)

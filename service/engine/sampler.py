@@ -1,0 +1,54 @@
+"""Turning one row of logits into the next token, reproducibly per request.
+
+Each request owns a `torch.Generator`, so the random numbers it draws depend only on its seed and
+how many tokens it has drawn, never on which other requests share its batch. Log-probabilities
+are taken from the raw distribution (before temperature, top-k and top-p), so they are comparable
+with what `/score` reports for the same tokens.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import torch
+from torch import Tensor
+
+from service.engine.types import SamplingParams
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.generator = torch.Generator(device="cpu")
+        self.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
+
+    def sample(self, logits: Tensor) -> tuple[int, float]:
+        """logits: float32 [vocab] on CPU -> (token, its raw log-probability)."""
+        raw_logprobs = torch.log_softmax(logits, dim=-1)
+        if self.params.temperature == 0.0:
+            token = int(torch.argmax(logits))
+        else:
+            filtered = _top_p(_top_k(logits / self.params.temperature, self.params.top_k), self.params.top_p)
+            probabilities = torch.softmax(filtered, dim=-1)
+            token = int(torch.multinomial(probabilities, 1, generator=self.generator))
+        return token, float(raw_logprobs[token])
+
+
+def _top_k(logits: Tensor, k: int) -> Tensor:
+    """Keep the k largest logits (ties at the k-th value kept too); 0 disables."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    threshold = torch.topk(logits, k).values[-1]
+    return logits.masked_fill(logits < threshold, float("-inf"))
+
+
+def _top_p(logits: Tensor, p: float) -> Tensor:
+    """Keep the smallest set of most likely tokens whose probability reaches p; 1 disables."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=True)
+    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+    # A token is dropped when the tokens before it already reach p; the most likely always stays.
+    dropped_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= p
+    dropped = torch.zeros_like(dropped_sorted).scatter(0, order, dropped_sorted)
+    return logits.masked_fill(dropped, float("-inf"))

@@ -1,0 +1,67 @@
+"""Shared fixtures: tiny random-weight checkpoints written as real files, for any test package.
+
+`make_tiny_checkpoint(scheme, **config_overrides)` writes our checkpoint format (`config.json` +
+`model.safetensors`) under a session temp dir and returns the directory; identical arguments
+return the same directory, so calling it from many tests costs one write. `tiny_checkpoints` maps
+every scheme to such a directory (model name `tiny-<scheme>`). Weights are seeded, so outputs are
+reproducible across runs. Sizes are chosen to load and decode in milliseconds on one CPU core,
+with a short native context (64) so requests can run past it in a few tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from service.model.checkpoint import save_checkpoint
+from service.model.config import SCHEMES, ModelConfig
+from service.model.transformer import Transformer
+
+TINY_CONFIG: dict[str, Any] = {
+    "d_model": 32,
+    "n_layers": 2,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "ffn_hidden": 64,
+    "native_context": 64,
+}
+
+TinyCheckpointFactory = Callable[..., Path]
+
+# Tiny models gain nothing from intra-op threads, and on CI's two shared cores threads only contend.
+torch.set_num_threads(1)
+
+
+def write_tiny_checkpoint(directory: Path, scheme: str, *, seed: int = 0, **overrides: Any) -> Path:
+    """A random-weight model of `scheme` saved to `directory`; overrides replace `TINY_CONFIG` fields."""
+    torch.manual_seed(seed)
+    config = ModelConfig.from_dict(TINY_CONFIG | {"pe": scheme} | overrides)
+    save_checkpoint(Transformer(config), directory, name=overrides.get("name", directory.name))
+    return directory
+
+
+@pytest.fixture(scope="session")
+def make_tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> TinyCheckpointFactory:
+    root = tmp_path_factory.mktemp("tiny-checkpoints")
+    written: dict[str, Path] = {}
+
+    def make(scheme: str = "rope", *, name: str | None = None, seed: int = 0, **overrides: Any) -> Path:
+        key = json.dumps([scheme, name, seed, overrides], sort_keys=True)
+        if key not in written:
+            directory = root / (name or f"tiny-{scheme}-{len(written)}")
+            written[key] = write_tiny_checkpoint(directory, scheme, seed=seed, **overrides)
+        return written[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(make_tiny_checkpoint: TinyCheckpointFactory) -> dict[str, Path]:
+    """One checkpoint per scheme, named `tiny-<scheme>`, RoPE first (so it loads as the default)."""
+    order = ("rope", *(scheme for scheme in SCHEMES if scheme != "rope"))
+    return {scheme: make_tiny_checkpoint(scheme, name=f"tiny-{scheme}") for scheme in order}
