@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from pe_runtime import RopeScaling
 from service.model.checkpoint import save_checkpoint
 from service.model.config import SCHEMES, ModelConfig
 from service.model.transformer import Transformer
@@ -32,6 +33,27 @@ TINY_CONFIG: dict[str, Any] = {
 }
 
 TinyCheckpointFactory = Callable[..., Path]
+
+
+def rope_scalings(original: int, rotary_dim: int) -> dict[str, RopeScaling]:
+    """One scaling of every type, extending a model trained on `original` tokens 4x."""
+    extension = {"factor": 4.0, "original_max_position_embeddings": original}
+    pairs = rotary_dim // 2
+    longrope = extension | {
+        "short_factor": [1.0 + 0.5 * i for i in range(pairs)],
+        "long_factor": [2.0 + i for i in range(pairs)],
+    }
+    specs: dict[str, dict[str, Any]] = {
+        "none": {"rope_type": "default"},
+        "linear": {"rope_type": "linear", "factor": 4.0},
+        "ntk": {"rope_type": "ntk", "factor": 4.0},
+        "dynamic": {"rope_type": "dynamic", **extension},
+        "yarn": {"rope_type": "yarn", **extension},
+        "llama3": {"rope_type": "llama3", **extension},
+        "longrope": {"rope_type": "longrope", **longrope},
+    }
+    return {name: RopeScaling.from_hf(spec, max_position_embeddings=original) for name, spec in specs.items()}
+
 
 # Tiny models gain nothing from intra-op threads, and on CI's two shared cores threads only contend.
 torch.set_num_threads(1)

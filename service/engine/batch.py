@@ -33,7 +33,7 @@ class RunningBatch:
         cache = self.model.new_cache(1, len(prompt) + sequence.request.sampling.max_new_tokens)
         tokens = torch.tensor([prompt], dtype=torch.long, device=self._device)  # [1, T]
         with torch.inference_mode():
-            logits: Tensor = self.model(tokens, scaling=[sequence.scaling], cache=cache)[0, -1]  # [V]
+            logits: Tensor = self.model(tokens, scaling=[sequence.scaling], cache=cache, last_n=1)[0, -1]
         self._joining.append((sequence, cache))
         return logits.float().cpu()
 
@@ -88,5 +88,5 @@ class RunningBatch:
         tokens = torch.tensor([[s.last_token] for s in sequences], dtype=torch.long, device=self._device)
         with torch.inference_mode():
             scalings = [sequence.scaling for sequence in sequences]
-            logits: Tensor = self.model(tokens, scaling=scalings, cache=cache)[:, -1]  # [B, V]
+            logits: Tensor = self.model(tokens, scaling=scalings, cache=cache, last_n=1)[:, -1]  # [B, V]
         return logits.float().cpu()

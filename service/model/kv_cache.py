@@ -5,15 +5,17 @@ lies beyond is masked out by attention. Rows therefore keep their absolute posit
 leave or join the running batch by a single copy (`select` / `concat`), and no step ever waits
 for the longest sequence.
 
-Keys are stored *before* the rotary rotation. The model rotates the whole key window with the
-table for each row's current length at every step, which is what keeps incremental decoding equal
-to a full recompute even when the table itself changes with the length (dynamic NTK, LongRoPE):
-there is no stale rotation in the cache to be wrong.
+Keys are stored rotated, as computed. That is exact as long as a row's RoPE table stays the same,
+which is why every row also records the table its entries were computed with (`table_keys`, the
+length-dependent part of its scaling) and its token ids: when the table changes with the length
+(dynamic NTK past the original context, LongRoPE crossing it), the entries of *every* layer are
+stale (deeper layers' keys come from hidden states that attended with the old table), so the
+model recomputes that row from its tokens. See `Transformer.forward`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,11 +26,13 @@ from service.model.config import ModelConfig
 
 @dataclass
 class KVCache:
-    """Per-layer buffers `[B, n_kv_heads, capacity, head_dim]` plus each row's filled length."""
+    """Per-layer buffers `[B, n_kv_heads, capacity, head_dim]`, token ids `[B, capacity]`, lengths."""
 
     keys: list[Tensor]
     values: list[Tensor]
+    tokens: Tensor
     lengths: list[int]
+    table_keys: list[Hashable]
 
     @classmethod
     def empty(
@@ -38,7 +42,9 @@ class KVCache:
         return cls(
             keys=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)],
             values=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)],
+            tokens=torch.zeros(batch_size, capacity, dtype=torch.long, device=device),
             lengths=[0] * batch_size,
+            table_keys=[None] * batch_size,
         )
 
     @property
@@ -47,7 +53,7 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        return self.keys[0].shape[2]
+        return self.tokens.shape[1]
 
     def reserve(self, new_tokens: int) -> None:
         """Make room for `new_tokens` more per row, doubling capacity so growth is amortised."""
@@ -55,8 +61,9 @@ class KVCache:
         if needed <= self.capacity:
             return
         capacity = max(needed, 2 * self.capacity)
-        self.keys = [_grown(buffer, capacity) for buffer in self.keys]
-        self.values = [_grown(buffer, capacity) for buffer in self.values]
+        self.keys = [_grown(buffer, capacity, dim=2) for buffer in self.keys]
+        self.values = [_grown(buffer, capacity, dim=2) for buffer in self.values]
+        self.tokens = _grown(self.tokens, capacity, dim=1)
 
     def write(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Store `[B, n_kv_heads, T, head_dim]` after each row's tokens; return the key/value window.
@@ -71,39 +78,62 @@ class KVCache:
             key_buffer[:, :, start : start + new_tokens] = keys
             value_buffer[:, :, start : start + new_tokens] = values
         else:
-            rows, positions = self._scatter_index(new_tokens, keys.device)
+            rows, positions = self._slots(new_tokens, keys.device)
             key_buffer[rows, :, positions] = keys.transpose(1, 2)
             value_buffer[rows, :, positions] = values.transpose(1, 2)
         window = max(self.lengths) + new_tokens
         return key_buffer[:, :, :window], value_buffer[:, :, :window]
 
-    def advance(self, new_tokens: int) -> None:
-        """Count the tokens every layer has just written (called once per forward, after the last)."""
-        self.lengths = [length + new_tokens for length in self.lengths]
+    def advance(self, tokens: Tensor, table_keys: Sequence[Hashable]) -> None:
+        """Record the step's token ids `[B, T]` and tables once every layer has written its entries."""
+        rows, positions = self._slots(tokens.shape[1], tokens.device)
+        self.tokens[rows, positions] = tokens
+        self.lengths = [length + tokens.shape[1] for length in self.lengths]
+        self.table_keys = list(table_keys)
+
+    def row_tokens(self, row: int) -> Tensor:
+        """The token ids of one row `[1, lengths[row]]`."""
+        return self.tokens[row : row + 1, : self.lengths[row]]
+
+    def replace_row(self, row: int, source: KVCache) -> None:
+        """Overwrite `row` with the single row of `source` (a recomputation of the same tokens)."""
+        length = source.lengths[0]
+        self.reserve(length - self.lengths[row])
+        for buffer, new in zip(self.keys + self.values, source.keys + source.values, strict=True):
+            buffer[row, :, :length] = new[0, :, :length]
+        self.tokens[row, :length] = source.tokens[0, :length]
+        self.lengths[row] = length
+        self.table_keys[row] = source.table_keys[0]
 
     def select(self, rows: Sequence[int]) -> KVCache:
         """A cache holding only `rows`, in that order (a copy: the running batch shrinks)."""
-        index = torch.tensor(list(rows), dtype=torch.long, device=self.keys[0].device)
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.tokens.device)
         return KVCache(
             keys=[buffer.index_select(0, index) for buffer in self.keys],
             values=[buffer.index_select(0, index) for buffer in self.values],
+            tokens=self.tokens.index_select(0, index),
             lengths=[self.lengths[row] for row in rows],
+            table_keys=[self.table_keys[row] for row in rows],
         )
 
     @classmethod
     def concat(cls, caches: Sequence[KVCache]) -> KVCache:
         """Stack caches row-wise (a copy: sequences join the running batch)."""
         capacity = max(cache.capacity for cache in caches)
+
+        def stacked(buffers: Sequence[Tensor], dim: int) -> Tensor:
+            return torch.cat([_grown(buffer, capacity, dim=dim) for buffer in buffers])
+
         n_layers = len(caches[0].keys)
         return cls(
-            keys=[torch.cat([_grown(c.keys[layer], capacity) for c in caches]) for layer in range(n_layers)],
-            values=[
-                torch.cat([_grown(c.values[layer], capacity) for c in caches]) for layer in range(n_layers)
-            ],
+            keys=[stacked([c.keys[layer] for c in caches], dim=2) for layer in range(n_layers)],
+            values=[stacked([c.values[layer] for c in caches], dim=2) for layer in range(n_layers)],
+            tokens=stacked([c.tokens for c in caches], dim=1),
             lengths=[length for cache in caches for length in cache.lengths],
+            table_keys=[key for cache in caches for key in cache.table_keys],
         )
 
-    def _scatter_index(self, new_tokens: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    def _slots(self, new_tokens: int, device: torch.device) -> tuple[Tensor, Tensor]:
         """Row and position indices `[B, T]` of the slots the next `new_tokens` per row go to."""
         starts = torch.tensor(self.lengths, dtype=torch.long, device=device)
         positions = starts[:, None] + torch.arange(new_tokens, device=device)[None, :]
@@ -111,10 +141,11 @@ class KVCache:
         return rows, positions
 
 
-def _grown(buffer: Tensor, capacity: int) -> Tensor:
-    """`buffer` with its position axis (dim 2) zero-padded to `capacity`."""
-    missing = capacity - buffer.shape[2]
+def _grown(buffer: Tensor, capacity: int, *, dim: int) -> Tensor:
+    """`buffer` zero-padded along its position axis `dim` to `capacity`."""
+    missing = capacity - buffer.shape[dim]
     if missing <= 0:
         return buffer
-    padding = buffer.new_zeros(buffer.shape[0], buffer.shape[1], missing, buffer.shape[3])
-    return torch.cat([buffer, padding], dim=2)
+    shape = list(buffer.shape)
+    shape[dim] = missing
+    return torch.cat([buffer, buffer.new_zeros(shape)], dim=dim)

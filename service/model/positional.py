@@ -9,13 +9,13 @@ their RoPE scaling, which is what lets one forward pass serve requests with diff
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from pe_runtime import PECache, PEConfigError, RopeScaling, alibi_bias
+from pe_runtime import PECache, PEConfigError, RopeScaling, alibi_bias, rope_seq_len_key
 from pe_runtime.absolute import interpolate_learned
 from service.model.config import ModelConfig, Scheme
 
@@ -40,8 +40,7 @@ class PositionalInputs:
     """
 
     absolute: Tensor | None  # [B|1, Tq, d_model], added to the token embeddings
-    rope_queries: tuple[Tensor, Tensor] | None  # cos, sin [B|1, 1, Tq, rotary_dim]
-    rope_keys: tuple[Tensor, Tensor] | None  # cos, sin [B|1, 1, Tk, rotary_dim]
+    rope: tuple[Tensor, Tensor] | None  # cos, sin [B|1, 1, Tq, rotary_dim] for the new tokens
     attn_mask: Tensor | None  # additive [B|1, n_heads|1, Tq, Tk], -inf where a key is not visible
 
 
@@ -90,14 +89,11 @@ class PositionalEncoding(nn.Module):
     ) -> PositionalInputs:
         """Inputs for `query_length` new tokens per row after `past_lengths[i]` cached ones.
 
-        `scalings` has one entry per row (or a single one for all rows).
+        `scalings` has one entry per row.
         """
         for scaling in set(scalings):
             self.check_scaling(scaling)
-        rows = [
-            _Row(past, scaling)
-            for past, scaling in zip(past_lengths, _per_row(scalings, past_lengths), strict=True)
-        ]
+        rows = [_Row(past, scaling) for past, scaling in zip(past_lengths, scalings, strict=True)]
         if len(set(rows)) == 1:
             rows = rows[:1]
         key_length = max(row.past for row in rows) + query_length
@@ -110,20 +106,26 @@ class PositionalEncoding(nn.Module):
         else:
             mask = _causal_mask(query_positions, key_length, dtype)
             mask = mask if bias is None else mask + bias
-        rope_queries, rope_keys = self._rope(rows, query_positions, key_length, dtype)
         return PositionalInputs(
             absolute=self._absolute(rows, query_positions, dtype),
-            rope_queries=rope_queries,
-            rope_keys=rope_keys,
+            rope=self._rope(rows, query_positions, key_length, dtype),
             attn_mask=mask,
         )
 
+    def table_key(self, scaling: RopeScaling, total_length: int) -> Hashable:
+        """What a row's positional table depends on at `total_length` besides fixed parameters.
+
+        Only RoPE scalings that change with the length (dynamic, LongRoPE) make it vary; cached
+        entries computed under another key are stale.
+        """
+        return rope_seq_len_key(scaling, total_length) if self.config.pe == "rope" else None
+
     def _rope(
         self, rows: list[_Row], query_positions: Tensor, key_length: int, dtype: torch.dtype
-    ) -> tuple[tuple[Tensor, Tensor] | None, tuple[Tensor, Tensor] | None]:
-        """Per-row cos/sin for all keys, each row with the table for its own current length."""
+    ) -> tuple[Tensor, Tensor] | None:
+        """cos/sin at the new positions, each row from the table for its own current length."""
         if self.config.pe != "rope":
-            return None, None
+            return None
         tables = [
             self.cache.rope(
                 self.config.rotary_dim,
@@ -137,11 +139,13 @@ class PositionalEncoding(nn.Module):
             )
             for row in rows
         ]
-        cos = torch.stack([table.cos for table in tables])  # [R, Tk, rotary_dim]
-        sin = torch.stack([table.sin for table in tables])
-        row_index = torch.arange(len(rows), device=cos.device)[:, None]
-        queries = (cos[row_index, query_positions][:, None], sin[row_index, query_positions][:, None])
-        return queries, (cos[:, None], sin[:, None])
+        cos = torch.stack(
+            [table.cos[positions] for table, positions in zip(tables, query_positions, strict=True)]
+        )
+        sin = torch.stack(
+            [table.sin[positions] for table, positions in zip(tables, query_positions, strict=True)]
+        )
+        return cos[:, None], sin[:, None]  # [R, 1, Tq, rotary_dim]
 
     def _attention_bias(self, query_positions: Tensor, key_length: int, dtype: torch.dtype) -> Tensor | None:
         """ALiBi or T5 additive bias [R, n_heads, Tq, Tk]; None for the other schemes."""
@@ -196,10 +200,6 @@ class PositionalEncoding(nn.Module):
 
 def _linear_factor(scaling: RopeScaling) -> float:
     return scaling.factor if scaling.type == "linear" else 1.0
-
-
-def _per_row(scalings: Sequence[RopeScaling], past_lengths: Sequence[int]) -> Sequence[RopeScaling]:
-    return list(scalings) * len(past_lengths) if len(scalings) == 1 else scalings
 
 
 def _causal_mask(query_positions: Tensor, key_length: int, dtype: torch.dtype) -> Tensor:

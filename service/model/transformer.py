@@ -56,13 +56,11 @@ class Attention(nn.Module):
         queries = self._heads(self.q_proj(x), self.config.n_heads)  # [B, H, Tq, hd]
         keys = self._heads(self.k_proj(x), self.config.n_kv_heads)  # [B, Hkv, Tq, hd]
         values = self._heads(self.v_proj(x), self.config.n_kv_heads)
+        if positions.rope is not None:
+            queries = apply_rope(queries, *positions.rope, layout=self.config.rope_layout)
+            keys = apply_rope(keys, *positions.rope, layout=self.config.rope_layout)
         if cache is not None:
-            # Un-rotated keys go into the cache; the window comes back [B, Hkv, Tk, hd].
-            keys, values = cache.write(layer_index, keys, values)
-        if positions.rope_queries is not None and positions.rope_keys is not None:
-            layout = self.config.rope_layout
-            queries = apply_rope(queries, *positions.rope_queries, layout=layout)
-            keys = apply_rope(keys, *positions.rope_keys, layout=layout)
+            keys, values = cache.write(layer_index, keys, values)  # windows [B, Hkv, Tk, hd]
         attended = F.scaled_dot_product_attention(
             queries,
             keys,
@@ -132,23 +130,70 @@ class Transformer(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, tokens: Tensor, *, scaling: ScalingArg = None, cache: KVCache | None = None) -> Tensor:
-        """tokens [B, T] -> logits [B, T, vocab_size]."""
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        scaling: ScalingArg = None,
+        cache: KVCache | None = None,
+        last_n: int | None = None,
+    ) -> Tensor:
+        """tokens [B, T] -> logits [B, T, vocab_size], or [B, last_n, vocab_size] for the last positions.
+
+        `last_n` spares the output projection (and its memory) for positions nobody reads, such as
+        all but the last of a prompt.
+
+        With a cache, the result equals a full forward over each row's cached tokens followed by
+        `tokens`, for every scaling: rows whose RoPE table changed since their entries were
+        cached (dynamic NTK past the original context, LongRoPE crossing it) are recomputed from
+        their token ids with the current table. That costs a prefill per step while the table keeps
+        changing (dynamic), and nothing for static scalings.
+        """
+        scalings = self._row_scalings(scaling, tokens.shape[0])
+        if cache is None:
+            return self._forward(tokens, scalings, None, last_n)
+        tables = [
+            self.positions.table_key(row_scaling, past + tokens.shape[1])
+            for row_scaling, past in zip(scalings, cache.lengths, strict=True)
+        ]
+        stale = [
+            row
+            for row, (past, before, now) in enumerate(
+                zip(cache.lengths, cache.table_keys, tables, strict=True)
+            )
+            if past > 0 and before != now
+        ]
+        logits = self._forward(tokens, scalings, cache, last_n)
+        cache.advance(tokens, tables)
+        for row in stale:
+            logits[row] = self._recompute_row(cache, row, scalings[row], logits.shape[1])[0]
+        return logits
+
+    def _forward(
+        self, tokens: Tensor, scalings: Sequence[RopeScaling], cache: KVCache | None, last_n: int | None
+    ) -> Tensor:
         batch, length = tokens.shape
         hidden = self.embed_tokens(tokens)  # [B, T, D]
         past_lengths = cache.lengths if cache is not None else [0] * batch
-        positions = self.positions(
-            length, past_lengths, self._row_scalings(scaling), device=tokens.device, dtype=hidden.dtype
-        )
+        positions = self.positions(length, past_lengths, scalings, device=tokens.device, dtype=hidden.dtype)
         if positions.absolute is not None:
             hidden = hidden + positions.absolute
         if cache is not None:
             cache.reserve(length)
         for index, layer in enumerate(self.layers):
             hidden = layer(hidden, positions, cache, index)
-        if cache is not None:
-            cache.advance(length)
+        if last_n is not None:
+            hidden = hidden[:, -last_n:]
         logits: Tensor = self.lm_head(self.norm(hidden))
+        return logits
+
+    def _recompute_row(self, cache: KVCache, row: int, scaling: RopeScaling, last_n: int) -> Tensor:
+        """Rebuild one row's entries from its tokens under its current table; logits [1, last_n, V]."""
+        tokens = cache.row_tokens(row).clone()  # [1, L]
+        fresh = self.new_cache(1, capacity=tokens.shape[1])
+        logits = self._forward(tokens, [scaling], fresh, last_n)
+        fresh.advance(tokens, [self.positions.table_key(scaling, tokens.shape[1])])
+        cache.replace_row(row, fresh)
         return logits
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
@@ -156,10 +201,13 @@ class Transformer(nn.Module):
         weight = self.embed_tokens.weight
         return KVCache.empty(self.config, batch_size, capacity, device=weight.device, dtype=weight.dtype)
 
-    def _row_scalings(self, scaling: ScalingArg) -> Sequence[RopeScaling]:
-        if scaling is None:
-            return [self.positions.default_scaling]
-        return [scaling] if isinstance(scaling, RopeScaling) else scaling
+    def _row_scalings(self, scaling: ScalingArg, batch_size: int) -> list[RopeScaling]:
+        """One scaling per row: None is the model's default, a single scaling applies to all rows."""
+        if scaling is None or isinstance(scaling, RopeScaling):
+            return [scaling or self.positions.default_scaling] * batch_size
+        if len(scaling) != batch_size:
+            raise ValueError(f"got {len(scaling)} scalings for a batch of {batch_size}")
+        return list(scaling)
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -1,0 +1,95 @@
+"""Incremental decoding with the KV cache equals a full recompute, for every scheme and scaling.
+
+Lengths run from below the native context (16) to well past it, so the dynamic scalings switch
+tables mid-generation: the cached keys must follow, or the logits drift.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pe_runtime import RopeScaling
+from service.model.config import ModelConfig
+from service.model.transformer import Transformer
+from tests.conftest import TINY_CONFIG, rope_scalings
+
+NATIVE = 16
+PROMPT = 6
+TOTAL = 40  # 2.5x the native context
+TOLERANCE = 1e-4
+SCALINGS = rope_scalings(NATIVE, rotary_dim=TINY_CONFIG["d_model"] // TINY_CONFIG["n_heads"])
+LINEAR = RopeScaling(type="linear", factor=4.0)
+
+CASES = [
+    *((f"rope-{name}", {"pe": "rope"}, scaling) for name, scaling in SCALINGS.items()),
+    ("rope-gptj-partial-yarn", {"pe": "rope", "rope_layout": "gptj", "rotary_fraction": 0.5}, None),
+    ("learned-linear", {"pe": "learned"}, LINEAR),
+    ("sinusoidal", {"pe": "sinusoidal"}, RopeScaling()),
+    ("sinusoidal-linear", {"pe": "sinusoidal"}, LINEAR),
+    ("alibi", {"pe": "alibi"}, RopeScaling()),
+    ("t5_bias", {"pe": "t5_bias", "t5_num_buckets": 8, "t5_max_distance": 20}, RopeScaling()),
+    ("nope", {"pe": "nope"}, RopeScaling()),
+]
+
+
+def tiny_model(**overrides: object) -> Transformer:
+    torch.manual_seed(0)
+    config = ModelConfig.from_dict(TINY_CONFIG | {"native_context": NATIVE} | overrides)
+    return Transformer(config).eval()
+
+
+def last_logits_of_full_forward(
+    model: Transformer, tokens: torch.Tensor, scaling: RopeScaling | None
+) -> torch.Tensor:
+    logits: torch.Tensor = model(tokens, scaling=scaling)[:, -1]
+    return logits
+
+
+@pytest.mark.parametrize(
+    ("overrides", "scaling"), [case[1:] for case in CASES], ids=[case[0] for case in CASES]
+)
+@torch.inference_mode()
+def test_incremental_logits_equal_full_forward(
+    overrides: dict[str, object], scaling: RopeScaling | None
+) -> None:
+    if overrides.get("rope_layout") == "gptj":
+        scaling = rope_scalings(NATIVE, rotary_dim=4)["yarn"]
+    model = tiny_model(**overrides)
+    tokens = torch.randint(0, 258, (1, TOTAL), generator=torch.Generator().manual_seed(1))
+    cache = model.new_cache(1, capacity=8)  # small on purpose: growth is part of what is tested
+    logits = model(tokens[:, :PROMPT], scaling=scaling, cache=cache)[:, -1]
+    for length in range(PROMPT, TOTAL):
+        expected = last_logits_of_full_forward(model, tokens[:, :length], scaling)
+        assert (logits - expected).abs().max().item() <= TOLERANCE, f"diverged at length {length}"
+        logits = model(tokens[:, length : length + 1], scaling=scaling, cache=cache)[:, -1]
+
+
+@torch.inference_mode()
+def test_rows_with_different_lengths_and_scalings_match_each_row_alone() -> None:
+    """One batched step over rows of different lengths, each with its own scaling."""
+    model = tiny_model(pe="rope")
+    names = ["none", "dynamic", "yarn", "longrope"]
+    lengths = [5, 14, 23, 31]  # rows straddle the native context
+    generator = torch.Generator().manual_seed(2)
+    rows = [torch.randint(0, 258, (1, length + 1), generator=generator) for length in lengths]
+    caches = []
+    for row, name in zip(rows, names, strict=True):
+        cache = model.new_cache(1, capacity=row.shape[1])
+        model(row[:, :-1], scaling=SCALINGS[name], cache=cache)
+        caches.append(cache)
+    batch_cache = type(caches[0]).concat(caches)
+    next_tokens = torch.cat([row[:, -1:] for row in rows])  # [4, 1]
+    batched = model(next_tokens, scaling=[SCALINGS[name] for name in names], cache=batch_cache)[:, -1]
+    for index, (row, name) in enumerate(zip(rows, names, strict=True)):
+        alone = last_logits_of_full_forward(model, row, SCALINGS[name])[0]
+        assert (batched[index] - alone).abs().max().item() <= TOLERANCE, name
+
+
+@torch.inference_mode()
+def test_a_request_scaling_replaces_the_model_default() -> None:
+    tokens = torch.randint(0, 258, (1, 30), generator=torch.Generator().manual_seed(3))
+    scaled_by_default = tiny_model(pe="rope", rope_scaling={"rope_type": "linear", "factor": 4.0})
+    unscaled = scaled_by_default(tokens, scaling=RopeScaling())
+    assert torch.allclose(scaled_by_default(tokens), scaled_by_default(tokens, scaling=LINEAR))
+    assert not torch.allclose(scaled_by_default(tokens), unscaled)
