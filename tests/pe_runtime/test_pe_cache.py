@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
-from pe_runtime import PECache, RopeScaling, alibi_slopes, rope_cos_sin, rope_inv_freq, sinusoidal_table
+from pe_runtime import (
+    PECache,
+    RopeLayout,
+    RopeScaling,
+    alibi_slopes,
+    rope_cos_sin,
+    rope_inv_freq,
+    sinusoidal_table,
+)
 from pe_runtime.t5 import t5_relative_position_bucket
 
 YARN = RopeScaling(type="yarn", factor=4.0, original_max_position_embeddings=256)
@@ -17,17 +27,23 @@ def _cache(budget: int = 1 << 30) -> PECache:
     return PECache(budget, registry=None)
 
 
-def _fetch(cache: PECache, **overrides: object) -> torch.Tensor:
-    args: dict[str, object] = {
-        "head_dim": 16,
-        "base": 10000.0,
-        "scaling": YARN,
-        "length": 100,
-        "device": "cpu",
-        "dtype": torch.float32,
-    }
-    args |= overrides
-    return cache.rope(**args).cos  # type: ignore[arg-type]
+def _fetch(
+    cache: PECache,
+    *,
+    head_dim: int = 16,
+    base: float = 10000.0,
+    scaling: RopeScaling | None = YARN,
+    length: int = 100,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    layout: RopeLayout = "neox",
+    seq_len: int | None = None,
+) -> torch.Tensor:
+    """The cos table for one key; defaults are the reference key the tests vary one field of."""
+    tables = cache.rope(
+        head_dim, base, scaling, length, device=device, dtype=dtype, layout=layout, seq_len=seq_len
+    )
+    return tables.cos
 
 
 def _storage(tensor: torch.Tensor) -> int:
@@ -81,7 +97,7 @@ def test_tables_equal_the_pure_functions() -> None:
         {"scaling": RopeScaling(type="ntk", factor=4.0)},
     ],
 )
-def test_any_difference_in_the_key_is_never_shared(change: dict[str, object]) -> None:
+def test_any_difference_in_the_key_is_never_shared(change: dict[str, Any]) -> None:
     cache = _cache()
     base = _fetch(cache)
     other = _fetch(cache, **change)
