@@ -4,15 +4,15 @@ Used by the service's own tests and by the SDK's live tests, so its interface is
 
     from tests.live_server import live_server
 
-    with live_server([checkpoint_dir], max_queue=4, api_key="secret") as server:
+    with live_server([checkpoint_dir], options={"max_queue": 4, "api_key": "secret"}) as server:
         httpx.get(server.url("/models"), headers={"Authorization": "Bearer secret"})
 
-`live_server(model_dirs, **options)` runs `python -m service --host 127.0.0.1 --port <free>
+`live_server(model_dirs, options=...)` runs `python -m service --host 127.0.0.1 --port <free>
 --model-dir ... --<option> <value> ...` (option names are the CLI's flags with `_` for `-`;
-`True` passes a bare flag), waits until `/readyz` answers 200, yields a `LiveServer`, and stops
-the process on exit (SIGTERM, then SIGKILL if it does not exit in time). An empty `model_dirs`
-serves the bundled zoo. The server's log (JSON lines) goes to a file, read with `server.logs()`;
-it is included in the error when the server fails to start.
+`True` passes a bare flag, e.g. `{"no_warmup": True}`), waits until `/readyz` answers 200,
+yields a `LiveServer`, and stops the process on exit (SIGTERM, then SIGKILL if it does not exit
+in time). An empty `model_dirs` serves the bundled zoo. The server's log (JSON lines) goes to a
+file, read with `server.logs()`; it is included in the error when the server fails to start.
 """
 
 from __future__ import annotations
@@ -107,14 +107,14 @@ def _wait_until_ready(server: LiveServer, timeout: float) -> None:
 def start_server(
     model_dirs: Sequence[Path | str] = (),
     *,
+    options: Mapping[str, OptionValue] | None = None,
     env: Mapping[str, str] | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
-    **options: OptionValue,
 ) -> LiveServer:
     """Start a server and wait until it is ready; the caller stops it (prefer `live_server`)."""
     port = free_port()
     command = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)]
-    command += cli_args(model_dirs, options)
+    command += cli_args(model_dirs, options or {})
     log_file = tempfile.NamedTemporaryFile(prefix="pe-serve-", suffix=".log", delete=False)  # noqa: SIM115
     environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     process = subprocess.Popen(
@@ -134,12 +134,12 @@ def start_server(
 def live_server(
     model_dirs: Sequence[Path | str] = (),
     *,
+    options: Mapping[str, OptionValue] | None = None,
     env: Mapping[str, str] | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
-    **options: OptionValue,
 ) -> Iterator[LiveServer]:
     """A ready server for the duration of the block; stopped (and its log file removed) afterwards."""
-    server = start_server(model_dirs, env=env, ready_timeout_s=ready_timeout_s, **options)
+    server = start_server(model_dirs, options=options, env=env, ready_timeout_s=ready_timeout_s)
     try:
         yield server
     finally:

@@ -135,6 +135,13 @@ def from_validation_error(error: RequestValidationError) -> APIError:
 
 
 def from_http_exception(error: StarletteHTTPException) -> APIError:
+    """Routing errors (404, 405) keep their status; a body FastAPI could not decode is invalid input.
+
+    FastAPI turns a JSON syntax error into a validation error but bytes that are not UTF-8 into a
+    bare 400 whose cause is the UnicodeDecodeError; both are the same mistake to a client.
+    """
+    if isinstance(error.__cause__, UnicodeDecodeError):
+        return APIError(422, f"Request body is not valid JSON: not UTF-8 ({error.__cause__.reason})")
     headers = dict(error.headers or {})
     return APIError(error.status_code, str(error.detail), headers=headers)
 

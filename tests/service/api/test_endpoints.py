@@ -1,0 +1,142 @@
+"""Every endpoint's happy path against a real server, streaming semantics included."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import pytest
+
+from tests.service.api.conftest import MAX_CONTEXT, NATIVE_CONTEXT, SCHEME_ORDER, model_name
+from tests.service.api.helpers import DONE, sse_data
+
+PROMPT = "def fib(n):"
+MAX_NEW_TOKENS = 12
+SAMPLED = {"prompt": PROMPT, "max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.8, "seed": 7}
+
+
+def test_healthz_and_readyz_answer_ok(client: httpx.Client) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ready"}
+
+
+def test_models_lists_every_resident_model_in_load_order(client: httpx.Client) -> None:
+    models = client.get("/models").json()["models"]
+    assert [card["name"] for card in models] == [model_name(scheme) for scheme in SCHEME_ORDER]
+    rope = models[0]
+    assert rope["scheme"] == "rope"
+    assert (rope["native_context"], rope["max_context"]) == (NATIVE_CONTEXT, MAX_CONTEXT)
+    assert set(rope["supported_scalings"]) >= {
+        "none",
+        "linear",
+        "ntk",
+        "dynamic",
+        "yarn",
+        "llama3",
+        "longrope",
+    }
+    assert rope["parameters"] > 0 and rope["device"] == "cpu" and rope["dtype"] == "float32"
+
+
+def test_generate_returns_the_spec_response(client: httpx.Client) -> None:
+    response = client.post("/generate", json=SAMPLED)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert set(body) == {
+        "id",
+        "model",
+        "text",
+        "tokens",
+        "logprobs",
+        "finish_reason",
+        "usage",
+        "pe",
+        "timing",
+    }
+    assert body["model"] == model_name("rope")
+    assert body["finish_reason"] in ("length", "stop", "eos")
+    assert body["usage"]["completion_tokens"] == len(body["tokens"]) <= MAX_NEW_TOKENS
+    assert body["usage"]["prompt_tokens"] >= len(PROMPT)
+    assert body["logprobs"] is None
+    assert body["pe"]["scheme"] == "rope" and body["pe"]["native_context"] == NATIVE_CONTEXT
+    assert set(body["timing"]) == {"queue_ms", "prefill_ms", "decode_ms"}
+
+
+def test_request_id_is_echoed_or_generated(client: httpx.Client) -> None:
+    assert client.get("/healthz", headers={"X-Request-ID": "trace-42"}).headers["X-Request-ID"] == "trace-42"
+    generated = client.get("/healthz").headers["X-Request-ID"]
+    assert len(generated) >= 16
+
+
+def test_same_seed_gives_the_same_answer(client: httpx.Client) -> None:
+    first, second = (client.post("/generate", json=SAMPLED).json() for _ in range(2))
+    assert first["tokens"] == second["tokens"]
+
+
+def test_stream_sends_one_event_per_token_then_usage_then_done(client: httpx.Client) -> None:
+    expected = client.post("/generate", json=SAMPLED).json()
+    with client.stream("POST", "/generate", json={**SAMPLED, "stream": True}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = list(sse_data(response))
+    *token_events, end, done = events
+    assert done == DONE
+    assert all(set(event) == {"token", "text"} for event in token_events)
+    assert [event["token"] for event in token_events] == expected["tokens"]
+    assert "".join(event["text"] for event in token_events) == expected["text"]
+    assert end["finish_reason"] == expected["finish_reason"]
+    assert end["usage"] == expected["usage"]
+    assert end["pe"] == expected["pe"]
+
+
+def test_generated_logprobs_match_score(client: httpx.Client) -> None:
+    prompt = list(b"import os\n")
+    generated = client.post(
+        "/generate", json={"tokens": prompt, "max_new_tokens": 8, "temperature": 0, "logprobs": True}
+    ).json()
+    scored = client.post("/score", json={"tokens": prompt + generated["tokens"]}).json()
+    tail = scored["token_logprobs"][len(prompt) :]
+    assert tail == pytest.approx(generated["logprobs"], abs=1e-3)
+
+
+def test_score_returns_one_logprob_per_token(client: httpx.Client) -> None:
+    tokens = list(b"for i in range(10):\n")
+    body = client.post("/score", json={"tokens": tokens}).json()
+    assert set(body) == {"model", "tokens", "token_logprobs", "total_logprob", "perplexity", "num_tokens"}
+    assert body["tokens"] == tokens and body["num_tokens"] == len(tokens)
+    assert body["token_logprobs"][0] is None and len(body["token_logprobs"]) == len(tokens)
+    assert body["total_logprob"] == pytest.approx(sum(body["token_logprobs"][1:]), rel=1e-5)
+    assert body["perplexity"] == pytest.approx(math.exp(-body["total_logprob"] / (len(tokens) - 1)), rel=1e-6)
+
+
+def test_score_of_a_prompt_uses_the_tokenizer(client: httpx.Client) -> None:
+    body = client.post("/score", json={"prompt": "x = 1\n", "pe": "alibi"}).json()
+    assert body["model"] == model_name("alibi")
+    assert body["num_tokens"] >= len("x = 1\n")
+
+
+def test_metrics_expose_every_spec_metric(client: httpx.Client) -> None:
+    client.post("/generate", json=SAMPLED)
+    text = client.get("/metrics").text
+    for name in (
+        "pe_serve_requests_total",
+        "pe_serve_request_duration_seconds",
+        "pe_serve_time_to_first_token_seconds",
+        "pe_serve_generated_tokens_total",
+        "pe_serve_queue_depth",
+        "pe_serve_batch_size",
+        "pe_cache_hits_total",
+        "pe_cache_misses_total",
+        "pe_cache_evictions_total",
+        "pe_cache_bytes",
+    ):
+        assert f"# HELP {name} " in text, name
+    assert 'pe_serve_requests_total{endpoint="/generate",status="200"}' in text
+
+
+def test_openapi_has_an_example_per_scaling_type(client: httpx.Client) -> None:
+    schema = client.get("/openapi.json").json()
+    assert {"/generate", "/score", "/models", "/healthz", "/readyz", "/metrics"} <= set(schema["paths"])
+    examples = schema["paths"]["/generate"]["post"]["requestBody"]["content"]["application/json"]["examples"]
+    scaling_types = {example["value"].get("pe_scaling", {}).get("type") for example in examples.values()}
+    assert scaling_types >= {"none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope"}
