@@ -32,11 +32,13 @@ from pe_client.scaling import (
 )
 from pe_client.streaming import AsyncStream, Stream
 from pe_client.types import (
+    GenerateParams,
     GenerateRequest,
     GenerateResponse,
     Health,
     ModelInfo,
     PEInfo,
+    ScoreParams,
     ScoreRequest,
     ScoreResponse,
     StreamEnd,
@@ -57,6 +59,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "DynamicScaling",
+    "GenerateParams",
     "GenerateRequest",
     "GenerateResponse",
     "Health",
@@ -75,6 +78,7 @@ __all__ = [
     "PayloadTooLargeError",
     "RateLimitError",
     "ScalingType",
+    "ScoreParams",
     "ScoreRequest",
     "ScoreResponse",
     "ServiceUnavailableError",

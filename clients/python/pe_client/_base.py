@@ -12,10 +12,10 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from pe_client._version import __version__
 from pe_client.errors import (
@@ -25,6 +25,7 @@ from pe_client.errors import (
     APITimeoutError,
     status_error_class,
 )
+from pe_client.types import ErrorBody
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
@@ -82,18 +83,16 @@ def parse_retry_after(value: str | None) -> float | None:
 
 
 def status_error(response: httpx.Response) -> APIStatusError:
-    """The exception for an error response; its body must already be read."""
-    error: Mapping[str, Any] = {}
+    """The exception for an error response; its body must already be read.
+
+    A body not in the API's error shape (a proxy's HTML page, say) becomes the message as is.
+    """
+    error_class = status_error_class(response.status_code)
     try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        error = body["error"]
-    message = str(error.get("message") or response.text or response.reason_phrase)
-    return status_error_class(response.status_code)(
-        message, response=response, error_type=error.get("type"), param=error.get("param")
-    )
+        detail = ErrorBody.model_validate_json(response.content).error
+    except ValidationError:
+        return error_class(response.text or response.reason_phrase, response=response)
+    return error_class(detail.message, response=response, error_type=detail.type, param=detail.param)
 
 
 def connection_error(exc: httpx.TransportError, request: httpx.Request) -> APIConnectionError:

@@ -16,7 +16,7 @@ import httpx
 
 from pe_client._base import connection_error
 from pe_client.errors import APIConnectionError, APIStreamError
-from pe_client.types import StreamEnd, StreamEvent, StreamToken
+from pe_client.types import ErrorBody, StreamEnd, StreamEvent, StreamToken
 
 DONE = "[DONE]"
 
@@ -58,13 +58,8 @@ class _StreamState:
             return None
         data = json.loads(payload)
         if "error" in data:
-            error = data["error"]
-            raise APIStreamError(
-                str(error.get("message", "stream error")),
-                request=request,
-                error_type=error.get("type"),
-                param=error.get("param"),
-            )
+            error = ErrorBody.model_validate(data).error
+            raise APIStreamError(error.message, request=request, error_type=error.type, param=error.param)
         if "finish_reason" in data:
             self.final = StreamEnd.model_validate(data)
             return self.final

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from pe_client.scaling import PEScaling
 
+Scheme = Literal["learned", "sinusoidal", "rope", "alibi", "t5_bias", "nope"]
 FinishReason = Literal["length", "stop", "eos"]
 
 
@@ -30,7 +31,7 @@ class ScoreRequest(_Request):
     prompt: str | None = None
     tokens: list[int] | None = None
     model: str | None = None
-    pe: str | None = None
+    pe: Scheme | None = None
     pe_scaling: PEScaling | None = None
 
 
@@ -53,7 +54,7 @@ class ScoreParams(TypedDict, total=False):
     prompt: str
     tokens: list[int]
     model: str
-    pe: str
+    pe: Scheme
     pe_scaling: PEScaling | dict[str, object]
 
 
@@ -159,3 +160,15 @@ class Health(_Response):
 
     live: bool
     ready: bool
+
+
+class ErrorDetail(_Response):
+    type: str
+    message: str
+    param: str | None
+
+
+class ErrorBody(_Response):
+    """Every error the server sends, as a status body or as a stream event."""
+
+    error: ErrorDetail
