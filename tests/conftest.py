@@ -1,11 +1,13 @@
 """Shared fixtures: tiny random-weight checkpoints written as real files, for any test package.
 
-`make_tiny_checkpoint(scheme, **config_overrides)` writes our checkpoint format (`config.json` +
-`model.safetensors`) under a session temp dir and returns the directory; identical arguments
-return the same directory, so calling it from many tests costs one write. `tiny_checkpoints` maps
-every scheme to such a directory (model name `tiny-<scheme>`). Weights are seeded, so outputs are
-reproducible across runs. Sizes are chosen to load and decode in milliseconds on one CPU core,
-with a short native context (64) so requests can run past it in a few tokens.
+`make_tiny_checkpoint(scheme, *, name=None, seed=0, **config_overrides)` writes our checkpoint
+format (`config.json` + `model.safetensors`) to a fresh directory under a session temp dir and
+returns it; the model is called `name` (default `tiny-<scheme>`, also the directory's basename).
+Identical arguments return the same directory, so calling it from many tests costs one write.
+`tiny_checkpoints` maps every scheme to such a directory (model name `tiny-<scheme>`). Weights
+are seeded, so outputs are reproducible across runs. Sizes are chosen to load and decode in
+milliseconds on one CPU core, with a short native context (64) so requests can run past it in a
+few tokens. `rope_scalings` gives one RoPE scaling of every type for such a model.
 """
 
 from __future__ import annotations
@@ -59,11 +61,16 @@ def rope_scalings(original: int, rotary_dim: int) -> dict[str, RopeScaling]:
 torch.set_num_threads(1)
 
 
-def write_tiny_checkpoint(directory: Path, scheme: str, *, seed: int = 0, **overrides: Any) -> Path:
-    """A random-weight model of `scheme` saved to `directory`; overrides replace `TINY_CONFIG` fields."""
+def write_tiny_checkpoint(
+    directory: Path, scheme: str, *, name: str | None = None, seed: int = 0, **overrides: Any
+) -> Path:
+    """A random-weight model of `scheme` saved to `directory`; overrides replace `TINY_CONFIG` fields.
+
+    The model's name is `name`, or the directory's name.
+    """
     torch.manual_seed(seed)
     config = ModelConfig.from_dict(TINY_CONFIG | {"pe": scheme} | overrides)
-    save_checkpoint(Transformer(config), directory, name=overrides.get("name", directory.name))
+    save_checkpoint(Transformer(config), directory, name=name)
     return directory
 
 
@@ -75,8 +82,8 @@ def make_tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> TinyCheckp
     def make(scheme: str = "rope", *, name: str | None = None, seed: int = 0, **overrides: Any) -> Path:
         key = json.dumps([scheme, name, seed, overrides], sort_keys=True)
         if key not in written:
-            directory = root / (name or f"tiny-{scheme}-{len(written)}")
-            written[key] = write_tiny_checkpoint(directory, scheme, seed=seed, **overrides)
+            directory = root / str(len(written)) / (name or f"tiny-{scheme}")
+            written[key] = write_tiny_checkpoint(directory, scheme, name=name, seed=seed, **overrides)
         return written[key]
 
     return make

@@ -222,8 +222,7 @@ class InferenceEngine:
                 self._collect_inbox(block=not any(self._batches.values()))
                 for name in self._models:
                     self._admit(name)
-                    if self._batches[name].sequences or len(self._batches[name]):
-                        self._decode_step(name)
+                    self._decode_step(name)
         except BaseException as error:
             self._crash = error
             logger.exception("engine worker crashed")
