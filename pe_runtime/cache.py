@@ -263,6 +263,8 @@ def _next_power_of_two(length: int) -> int:
 
 def _canonical_device(device: torch.device | str) -> torch.device:
     """'cuda' and 'cuda:0' must share entries when 0 is the current device."""
+    if isinstance(device, torch.device) and (device.type != "cuda" or device.index is not None):
+        return device  # already canonical: the common case on the hit path
     resolved = torch.device(device)
     if resolved.type == "cuda" and resolved.index is None:
         return torch.device("cuda", torch.cuda.current_device())

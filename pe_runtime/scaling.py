@@ -81,6 +81,15 @@ class RopeScaling:
     high_freq_factor: float | None = None
     short_factor: tuple[float, ...] | None = None
     long_factor: tuple[float, ...] | None = None
+    # Every cache lookup hashes the scaling; hashing 13 fields each time would dominate a cache hit.
+    _hash: int = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[Callable[..., RopeScaling], tuple[Any, ...]]:
+        """Rebuild through __init__ so the cached hash is recomputed (str hashes differ per process)."""
+        return RopeScaling, tuple(getattr(self, item.name) for item in dataclasses.fields(self) if item.init)
 
     def __post_init__(self) -> None:
         if self.type not in SCALING_TYPES:
@@ -101,6 +110,8 @@ class RopeScaling:
             if value is not None:
                 object.__setattr__(self, name, canonicalise(name, value))
         self._check_relations()
+        values = tuple(getattr(self, item.name) for item in dataclasses.fields(self) if item.compare)
+        object.__setattr__(self, "_hash", hash(values))
 
     def _check_relations(self) -> None:
         """Constraints between fields, checked once every field is canonical."""

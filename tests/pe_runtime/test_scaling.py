@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import pickle
 from typing import Any
 
 import pytest
@@ -84,6 +86,13 @@ def test_equal_configs_are_equal_and_hash_alike() -> None:
     )
     assert from_lists == direct and hash(from_lists) == hash(direct)
     assert {from_lists: "table"}[direct] == "table"
+    assert from_lists != dataclasses.replace(direct, factor=5.0)
+
+
+def test_pickling_rebuilds_an_equal_scaling() -> None:
+    scaling = RopeScaling(type="yarn", factor=4.0, original_max_position_embeddings=256, mscale=0.5)
+    restored = pickle.loads(pickle.dumps(scaling))
+    assert restored == scaling and hash(restored) == hash(scaling) and restored.to_dict() == scaling.to_dict()
 
 
 @pytest.mark.parametrize(
