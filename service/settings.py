@@ -26,21 +26,21 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PE_SERVE_", extra="forbid", frozen=True)
 
     host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
+    port: int = Field(default=8000, ge=0, le=65535)
     model_dir: Annotated[list[Path], NoDecode] = Field(
         default_factory=list,
         description="Checkpoint directories to serve; empty means the bundled zoo.",
     )
     device: Device = "auto"
     dtype: DType = "auto"
-    max_context: int = Field(4096, ge=16)
-    max_batch_size: int = Field(16, ge=1)
-    max_queue: int = Field(64, ge=0)
+    max_context: int = Field(default=4096, ge=16)
+    max_batch_size: int = Field(default=16, ge=1)
+    max_queue: int = Field(default=64, ge=0)
     api_key: SecretStr | None = Field(
-        None, description="Bearer key(s) required on inference routes; comma-separated for several."
+        default=None, description="Bearer key(s) required on inference routes; comma-separated for several."
     )
-    max_body_bytes: int = Field(ONE_MIB, ge=1)
-    drain_timeout_s: float = Field(30.0, ge=0.0)
+    max_body_bytes: int = Field(default=ONE_MIB, ge=1)
+    drain_timeout_s: float = Field(default=30.0, ge=0.0)
     log_level: LogLevel = "info"
     warmup: bool = True
 

@@ -30,7 +30,13 @@ def bundled_zoo(zoo_dir: Path = ZOO_DIR) -> list[Path]:
 
 
 def model_dirs(settings: Settings) -> list[Path]:
-    return list(settings.model_dir) or bundled_zoo()
+    """`--model-dir` as given, else the bundled zoo; an error if that leaves nothing to serve."""
+    dirs = list(settings.model_dir) or bundled_zoo()
+    if not dirs:
+        raise FileNotFoundError(
+            f"no models to serve: pass --model-dir, or add zoo checkpoints under {ZOO_DIR}"
+        )
+    return dirs
 
 
 def load_engine(settings: Settings) -> Engine:

@@ -34,15 +34,22 @@ class ServiceState:
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
     def engine_for_request(self) -> Engine:
-        """The engine, or a 503 while loading, draining or after a failed start."""
+        """The engine, or a 503 while loading, draining, after a failed start or a dead worker."""
         if self.phase is Phase.READY and self.engine is not None:
-            return self.engine
+            if self.engine.healthy():
+                return self.engine
+            raise _unavailable("the inference engine stopped")
         reason = {
             Phase.LOADING: "the models are still loading",
             Phase.DRAINING: "the server is shutting down",
             Phase.FAILED: "the models failed to load",
         }.get(self.phase, "the server is not ready")
-        raise APIError(503, f"Service unavailable: {reason}.", headers={"Retry-After": "1"})
+        raise _unavailable(reason)
+
+    def check_alive(self) -> None:
+        """Liveness: 503 only when the process can no longer serve (the engine worker died)."""
+        if self.engine is not None and not self.engine.healthy():
+            raise _unavailable("the inference engine stopped")
 
     def mark_ready(self, engine: Engine) -> None:
         self.engine = engine
@@ -59,3 +66,7 @@ class ServiceState:
         logger.info("drained", extra={"all_finished": finished})
         self.drained.set()
         return finished
+
+
+def _unavailable(reason: str) -> APIError:
+    return APIError(503, f"Service unavailable: {reason}.", headers={"Retry-After": "1"})

@@ -11,9 +11,10 @@ from service.api.schemas.responses import StatusResponse
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/healthz")
-async def healthz() -> StatusResponse:
-    """200 while the process serves HTTP at all; orchestrators restart it when this fails."""
+@router.get("/healthz", responses=error_responses(503))
+async def healthz(state: StateDep) -> StatusResponse:
+    """200 while the process can serve (loading and draining included); 503 if its engine died."""
+    state.check_alive()
     return StatusResponse(status="ok")
 
 

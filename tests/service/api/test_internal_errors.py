@@ -1,0 +1,126 @@
+"""Failures that are not the client's: a 500 with a request id and no trace, and in-stream errors.
+
+Nothing a client sends can make the real engine raise an unexpected exception, so these tests plant
+faults in a subclass of the real engine and serve it with the real app on a real uvicorn server,
+in this process (so the log records can be inspected).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from service.api import create_app
+from service.engine.engine import InferenceEngine
+from service.engine.errors import RequestFailedError
+from service.engine.types import EngineEvent, GenerationRequest, RequestHandle, ScoreRequest, TokenEvent
+from service.settings import Settings
+from tests.live_server import free_port
+from tests.service.api.helpers import DONE, assert_error_shape, sse_data, wait_for
+
+PLANTED_PROMPT = "raise please"
+PLANTED_DETAIL = "/srv/secret/engine_internals.py"
+
+
+class _FailsAfterFirstToken:
+    """A real handle whose stream breaks, as an engine failure would, once a token was sent."""
+
+    def __init__(self, handle: RequestHandle) -> None:
+        self._handle = handle
+        self.request_id = handle.request_id
+
+    async def __aiter__(self) -> AsyncIterator[EngineEvent]:
+        async for event in self._handle:
+            yield event
+            if isinstance(event, TokenEvent):
+                self._handle.cancel()
+                raise RequestFailedError("the request failed in the engine: planted")
+
+    def __iter__(self) -> Iterator[EngineEvent]:
+        return iter(self._handle)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
+class FaultyEngine(InferenceEngine):
+    """The real engine, with a bug planted in `encode` and a failing stream for seed 13."""
+
+    def encode(self, model: str, text: str) -> list[int]:
+        if text == PLANTED_PROMPT:
+            raise RuntimeError(f"planted bug in {PLANTED_DETAIL}")
+        return super().encode(model, text)
+
+    # The Engine protocol returns a RequestHandle; InferenceEngine narrows it to its own class.
+    def submit(self, request: GenerationRequest | ScoreRequest) -> RequestHandle:  # type: ignore[override]
+        handle = super().submit(request)
+        if isinstance(request, GenerationRequest) and request.sampling.seed == 13:
+            return _FailsAfterFirstToken(handle)
+        return handle
+
+
+@contextmanager
+def in_process_server(checkpoint: Path) -> Iterator[httpx.Client]:
+    engine = FaultyEngine.from_model_dirs([checkpoint], device="cpu", dtype="float32", max_context=256)
+    app = create_app(Settings(warmup=False), engine)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0) as client:
+
+            def ready() -> bool:
+                try:
+                    return client.get("/readyz").status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            wait_for(ready, "the in-process server")
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join()
+
+
+@pytest.fixture(scope="module")
+def faulty(tiny_checkpoints: dict[str, Path]) -> Iterator[httpx.Client]:
+    with in_process_server(tiny_checkpoints["rope"]) as client:
+        yield client
+
+
+def test_unexpected_exception_is_a_500_with_request_id_and_no_trace(
+    faulty: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="service.api"):
+        response = faulty.post(
+            "/generate", json={"prompt": PLANTED_PROMPT}, headers={"X-Request-ID": "bug-1"}
+        )
+    error = assert_error_shape(response, 500, None)
+    assert error["type"] == "internal_error"
+    assert "bug-1" in error["message"] and response.headers["X-Request-ID"] == "bug-1"
+    assert PLANTED_DETAIL not in response.text and "RuntimeError" not in response.text
+    logged = [record for record in caplog.records if record.exc_info]
+    assert logged and PLANTED_DETAIL in str(logged[0].exc_info[1])  # type: ignore[index]
+    assert faulty.post("/generate", json={"prompt": "fine", "max_new_tokens": 2}).status_code == 200
+
+
+def test_a_failure_after_streaming_began_is_an_error_event(faulty: httpx.Client) -> None:
+    request = {"prompt": "a", "max_new_tokens": 8, "seed": 13, "stream": True}
+    with faulty.stream("POST", "/generate", json=request) as response:
+        assert response.status_code == 200
+        events = list(sse_data(response))
+    first, failure = events
+    assert "token" in first
+    assert failure["error"]["type"] == "request_failed"
+    assert set(failure["error"]) == {"type", "message", "param"}
+    assert DONE not in events
