@@ -14,6 +14,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import get_args
 
 from pydantic import ValidationError
 
@@ -21,8 +22,15 @@ from pe_client._version import __version__
 from pe_client.async_client import AsyncPEClient
 from pe_client.client import PEClient
 from pe_client.errors import PEServeError
-from pe_client.scaling import PEScaling, parse_scaling
-from pe_client.types import GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse, StreamToken
+from pe_client.scaling import PEScaling, ScalingType, parse_scaling
+from pe_client.types import (
+    GenerateRequest,
+    GenerateResponse,
+    Scheme,
+    ScoreRequest,
+    ScoreResponse,
+    StreamToken,
+)
 
 COLUMN_GAP = " | "
 
@@ -45,7 +53,12 @@ def _parser() -> argparse.ArgumentParser:
 
     generate = commands.add_parser("generate", help="stream one generation to the terminal")
     _add_generation_options(generate)
-    generate.add_argument("--scaling", default=None, help="scaling type (default: the model's own)")
+    generate.add_argument(
+        "--scaling",
+        choices=get_args(ScalingType),
+        default=None,
+        help="scaling type (default: the model's own)",
+    )
     generate.set_defaults(run=_run_generate)
 
     compare = commands.add_parser("compare", help="the same prompt under several scalings, side by side")
@@ -66,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
 def _add_generation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="the prompt text")
     parser.add_argument("--model", default=None)
-    parser.add_argument("--pe", default=None, help="positional scheme: rope, alibi, learned, ...")
+    parser.add_argument("--pe", choices=get_args(Scheme), default=None, help="positional scheme")
     parser.add_argument("--factor", type=float, default=None, help="scaling factor")
     parser.add_argument("--original-max-position-embeddings", type=int, default=None, metavar="N")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -154,11 +167,11 @@ def _run_compare(args: argparse.Namespace) -> int:
     scalings = [_scaling(name.strip(), args) for name in args.scalings.split(",") if name.strip()]
     columns = asyncio.run(_compare(args, scalings))
     width = args.width or shutil.get_terminal_size().columns
-    print(render_columns(columns, width))
+    print(_render_columns(columns, width))
     return 0
 
 
-def render_columns(columns: Sequence[_Column], total_width: int) -> str:
+def _render_columns(columns: Sequence[_Column], total_width: int) -> str:
     """Side-by-side text: a header per scaling, the wrapped generations, then a summary row."""
     column_width = max(12, (total_width - len(COLUMN_GAP) * (len(columns) - 1)) // len(columns))
     cells = [
