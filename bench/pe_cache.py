@@ -77,6 +77,7 @@ def render(rows: Sequence[Row], device: torch.device, dtype: torch.dtype, comman
         f"torch threads {torch.get_num_threads()}.",
         "Build = first request on an empty cache (frequencies, float32 angles, cos/sin, cast, insert); "
         "hit = a repeated request (lock, dict lookup, two slice views). Medians.",
+        "Absolute times depend on machine load (the hit is pure Python overhead); the ratio is the point.",
         "",
         f"Command: `{command}`",
         "",

@@ -93,6 +93,12 @@ def test_tables_equal_the_pure_functions() -> None:
                 type="yarn", factor=4.0, original_max_position_embeddings=256, attention_factor=2.0
             )
         },
+        {
+            "scaling": RopeScaling(
+                type="yarn", factor=4.0, original_max_position_embeddings=256, mscale_all_dim=1
+            )
+        },
+        {"scaling": RopeScaling(type="dynamic", factor=4.0, original_max_position_embeddings=256)},
         {"scaling": RopeScaling(type="linear", factor=4.0)},
         {"scaling": RopeScaling(type="ntk", factor=4.0)},
     ],
