@@ -1,7 +1,8 @@
 """Static NTK-aware scaling: base' = base * factor^(d / (d - 2)), fixed for every length.
 
-transformers has no static variant; this is its dynamic formula frozen at seq_len = factor * original,
-which lets a checkpoint be served past its context without the table changing during decode.
+transformers has no static variant; this equals its dynamic formula with factor 1 at
+seq_len = factor * original, frozen, so a checkpoint runs past its context with one table for the
+whole request instead of a new spectrum at every decode step.
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ def rope_cos_sin(
     angles = torch.outer(positions, inv_freq.to(device=positions.device, dtype=torch.float32))
     # angles: [length, rotary_dim // 2] -> tables [length, rotary_dim]
     return (
-        _spread(angles.cos() * attention_factor, layout).to(dtype),
-        _spread(angles.sin() * attention_factor, layout).to(dtype),
+        _spread((angles.cos() * attention_factor).to(dtype), layout),
+        _spread((angles.sin() * attention_factor).to(dtype), layout),
     )
 
 
