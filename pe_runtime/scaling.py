@@ -58,6 +58,8 @@ _STATIC_DEFAULTS: Final[Mapping[str, Mapping[str, Any]]] = {
 }
 
 _NEEDS_ORIGINAL_LENGTH: Final = frozenset({"dynamic", "yarn", "llama3", "longrope"})
+# transformers lets a config's top-level original length override the dict's for these types only.
+_TOP_LEVEL_ORIGINAL_WINS: Final = frozenset({"yarn", "llama3", "longrope"})
 # Without an explicit factor, transformers derives it as max_position_embeddings / original length.
 _FACTOR_FROM_LENGTHS: Final = frozenset({"yarn", "longrope"})
 # rope_parameters dicts carry these next to the scaling; they belong to the model, not the scaling.
@@ -149,12 +151,20 @@ class RopeScaling:
                 )
 
     @classmethod
-    def from_hf(cls, rope_scaling: Mapping[str, Any] | None, *, max_position_embeddings: int) -> RopeScaling:
+    def from_hf(
+        cls,
+        rope_scaling: Mapping[str, Any] | None,
+        *,
+        max_position_embeddings: int,
+        original_max_position_embeddings: int | None = None,
+    ) -> RopeScaling:
         """Build from a Hugging Face `rope_scaling` / `rope_parameters` dict, with transformers' defaults.
 
         `max_position_embeddings` stands in for the original (pre-extension) length when the dict
-        omits it, as transformers does; `rope_theta` and `partial_rotary_factor` are model settings
-        and are ignored here. None-valued keys count as absent, as transformers reads them with `.get`.
+        omits it, as transformers does. `original_max_position_embeddings` is a config's top-level
+        value (Phi-3 keeps it outside the dict); like transformers, it wins over the dict's for
+        yarn, llama3 and longrope. `rope_theta` and `partial_rotary_factor` are model settings and
+        are ignored here. None-valued keys count as absent, as transformers reads them with `.get`.
         """
         max_length = _positive_int("max_position_embeddings", max_position_embeddings)
         params = {
@@ -171,6 +181,8 @@ class RopeScaling:
         unknown = sorted(str(key) for key in params if key not in _OPTIONAL_FIELDS and key != "factor")
         if unknown:
             raise PEConfigError(f"unknown scaling field {unknown[0]!r}", field=unknown[0])
+        if original_max_position_embeddings is not None and scaling_type in _TOP_LEVEL_ORIGINAL_WINS:
+            params["original_max_position_embeddings"] = original_max_position_embeddings
         if scaling_type in _NEEDS_ORIGINAL_LENGTH:
             params.setdefault("original_max_position_embeddings", max_length)
         if "factor" not in params:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from transformers import LlamaConfig
+from transformers import LlamaConfig, Phi3Config
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
@@ -52,6 +52,21 @@ def hf_inv_freq(
     if rope_type == "default":
         return LlamaRotaryEmbedding.compute_default_rope_parameters(config)
     return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", seq_len=seq_len)
+
+
+def phi3_longrope_inv_freq(
+    head_dim: int, rope_scaling: Mapping[str, Any], max_length: int, original_length: int, seq_len: int
+) -> tuple[torch.Tensor, float]:
+    """LongRoPE as a Phi-3 config initialises it: the original length sits outside rope_scaling."""
+    config = Phi3Config(
+        hidden_size=head_dim * 2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=max_length,
+        original_max_position_embeddings=original_length,
+        rope_parameters=dict(rope_scaling),
+    )
+    return ROPE_INIT_FUNCTIONS["longrope"](config, "cpu", seq_len=seq_len)
 
 
 def hf_cos_sin(

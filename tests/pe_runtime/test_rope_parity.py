@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pe_runtime import RopeScaling, rope_inv_freq
-from tests.pe_runtime.hf_oracle import hf_inv_freq
+from tests.pe_runtime.hf_oracle import hf_inv_freq, phi3_longrope_inv_freq
 
 HEAD_DIMS = (16, 32, 64, 128)
 BASES = (10000.0, 500000.0, 1000000.0)
@@ -143,6 +143,25 @@ def test_longrope_short_and_long_factors(head_dim: int) -> None:
             } | explicit
             for seq_len in _lengths_around(original):
                 _assert_parity(head_dim, base, case, 16 * original, seq_len)
+
+
+def test_longrope_with_phi3s_top_level_original_length() -> None:
+    rng = random.Random(0)
+    rope_scaling = {
+        "type": "longrope",
+        "short_factor": [rng.uniform(1.0, 2.0) for _ in range(16)],
+        "long_factor": [rng.uniform(1.0, 32.0) for _ in range(16)],
+        "original_max_position_embeddings": 2048,  # the top-level value overrides this one
+    }
+    scaling = RopeScaling.from_hf(
+        rope_scaling, max_position_embeddings=131072, original_max_position_embeddings=4096
+    )
+    assert scaling.original_max_position_embeddings == 4096 and scaling.factor == 32.0
+    for seq_len in (100, 4096, 4097, 131072):
+        expected, expected_factor = phi3_longrope_inv_freq(32, rope_scaling, 131072, 4096, seq_len)
+        actual, actual_factor = rope_inv_freq(32, 10000.0, scaling, seq_len)
+        torch.testing.assert_close(actual, expected, rtol=1e-6, atol=0)
+        assert actual_factor == pytest.approx(expected_factor, abs=1e-6)
 
 
 def test_longrope_attention_factor_is_the_papers_formula() -> None:

@@ -55,6 +55,14 @@ def test_missing_factor_is_derived_from_the_lengths_for_yarn_and_longrope() -> N
     assert longrope.factor == 32.0
 
 
+def test_top_level_original_length_wins_only_where_transformers_lets_it() -> None:
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 2048}
+    dynamic = {"rope_type": "dynamic", "factor": 2.0}
+    lengths = {"max_position_embeddings": 131072, "original_max_position_embeddings": 8192}
+    assert RopeScaling.from_hf(llama3, **lengths).original_max_position_embeddings == 8192
+    assert RopeScaling.from_hf(dynamic, **lengths).original_max_position_embeddings == 131072
+
+
 def test_model_keys_and_none_values_are_ignored() -> None:
     config = {
         "rope_type": "llama3",
