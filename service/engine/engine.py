@@ -39,6 +39,7 @@ from service.engine.errors import (
 )
 from service.engine.handle import EngineHandle
 from service.engine.models import ServedModel, load_served_model, resolve_device, resolve_dtype
+from service.engine.sampler import sample_rows
 from service.engine.scoring import score_tokens
 from service.engine.sequence import RunningSequence
 from service.engine.types import (
@@ -284,7 +285,7 @@ class InferenceEngine:
         with self._lock:
             self._running += 1
         try:
-            self._accept(sequence, batch.prefill(sequence))
+            self._accept_rows([sequence], batch.prefill(sequence)[None])
         except Exception as error:
             self._fail(sequence, error)
         self._release_finished(batch)
@@ -295,29 +296,37 @@ class InferenceEngine:
         if not len(batch):
             return
         try:
-            rows: Sequence[Tensor | Exception] = list(batch.decode())
+            self._accept_rows(batch.sequences, batch.decode())
         except Exception:
             logger.exception("batched decode step failed; rerunning rows one by one")
-            rows = batch.decode_rows_alone()
+            outcomes = batch.decode_rows_alone()
+            for sequence, outcome in zip(batch.sequences, outcomes, strict=True):
+                if isinstance(outcome, Exception):
+                    self._fail(sequence, outcome)
+                else:
+                    self._accept_rows([sequence], outcome[None])
         with self._lock:
-            self._last_batch_size = len(rows)
-        for sequence, outcome in zip(batch.sequences, rows, strict=True):
-            if isinstance(outcome, Exception):
-                self._fail(sequence, outcome)
-            else:
-                self._accept(sequence, outcome)
+            self._last_batch_size = len(batch.sequences)
         self._release_finished(batch)
 
-    def _accept(self, sequence: RunningSequence, logits: Tensor) -> None:
-        if sequence.handle.cancelled:
-            sequence.finish_reason = "cancelled"
+    def _accept_rows(self, sequences: Sequence[RunningSequence], logits: Tensor) -> None:
+        """Sample every row of float32 logits [N, V]; a row with non-finite logits fails alone."""
+        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        live = [
+            row for row, sequence in enumerate(sequences) if finite[row] and not sequence.handle.cancelled
+        ]
+        for row, sequence in enumerate(sequences):
+            if not finite[row]:
+                self._fail(
+                    sequence, RequestFailedError("the model produced non-finite logits for this request")
+                )
+        if not live:
             return
-        if not bool(torch.isfinite(logits).all()):
-            self._fail(sequence, RequestFailedError("the model produced non-finite logits for this request"))
-            return
-        sequence.accept(logits)
+        picks = sample_rows([sequences[row].sampler for row in live], logits[live])
+        for row, (token, logprob) in zip(live, picks, strict=True):
+            sequences[row].accept(token, logprob)
         with self._lock:
-            self._generated_total += 1
+            self._generated_total += len(live)
 
     def _fail(self, sequence: RunningSequence, error: Exception) -> None:
         sequence.finish_reason = "error"

@@ -9,6 +9,7 @@ with what `/score` reports for the same tokens.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -22,16 +23,32 @@ class Sampler:
         self.generator = torch.Generator(device="cpu")
         self.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
 
+    @property
+    def greedy(self) -> bool:
+        return self.params.temperature == 0.0
+
     def sample(self, logits: Tensor) -> tuple[int, float]:
         """logits: float32 [vocab] on CPU -> (token, its raw log-probability)."""
-        raw_logprobs = torch.log_softmax(logits, dim=-1)
-        if self.params.temperature == 0.0:
-            token = int(torch.argmax(logits))
-        else:
-            filtered = _top_p(_top_k(logits / self.params.temperature, self.params.top_k), self.params.top_p)
-            probabilities = torch.softmax(filtered, dim=-1)
-            token = int(torch.multinomial(probabilities, 1, generator=self.generator))
-        return token, float(raw_logprobs[token])
+        return sample_rows([self], logits[None])[0]
+
+    def draw(self, logits: Tensor) -> int:
+        """A random token from float32 logits [vocab] after temperature, top-k and top-p."""
+        filtered = _top_p(_top_k(logits / self.params.temperature, self.params.top_k), self.params.top_p)
+        return int(torch.multinomial(torch.softmax(filtered, dim=-1), 1, generator=self.generator))
+
+
+def sample_rows(samplers: Sequence[Sampler], logits: Tensor) -> list[tuple[int, float]]:
+    """One (token, raw log-probability) per row of float32 logits [B, vocab] on CPU.
+
+    Softmax and argmax run once for the whole batch; only rows that sample pay a per-row draw.
+    """
+    raw_logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
+    best = torch.argmax(logits, dim=-1).tolist()
+    tokens = [
+        best[row] if sampler.greedy else sampler.draw(logits[row]) for row, sampler in enumerate(samplers)
+    ]
+    chosen = raw_logprobs.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()  # [B]
+    return list(zip(tokens, chosen, strict=True))
 
 
 def _top_k(logits: Tensor, k: int) -> Tensor:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from torch import Tensor
-
 from pe_runtime import RopeScaling
 from service.engine.handle import EngineHandle
 from service.engine.models import ServedModel
@@ -42,9 +40,8 @@ class RunningSequence:
     def last_token(self) -> int:
         return self.tokens[-1]
 
-    def accept(self, logits: Tensor) -> None:
-        """Sample from float32 logits [vocab] (CPU), emit the token, and note if the request is done."""
-        token, logprob = self.sampler.sample(logits)
+    def accept(self, token: int, logprob: float) -> None:
+        """Take the sampled token, emit it, and note whether the request is done."""
         if not self.tokens:
             self.first_token_at = time.perf_counter()
         self.tokens.append(token)
