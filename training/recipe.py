@@ -37,7 +37,7 @@ class Hyperparameters:
     (1000-1800 tokens/s measured); the run is defined by steps, not time, to stay reproducible.
     """
 
-    steps: int = 350
+    steps: int = 250
     batch_size: int = 8
     context: int = TRAINED_CONTEXT
     peak_lr: float = 3e-3
