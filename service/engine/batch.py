@@ -1,8 +1,9 @@
 """The running batch of one model: its sequences and their shared, right-padded KV cache.
 
-Sequences are prefilled alone (so a prompt's logits never depend on its neighbours) and then
-join the batch; each decode step runs all of them in one forward pass, every row with its own
-RoPE scaling, and finished rows leave before the next step.
+Requests admitted together are prefilled together when their prompts have the same length (rows
+never interact, so that changes no result) and then join the batch; each decode step runs all
+sequences in one forward pass, every row with its own RoPE scaling, and finished rows leave
+before the next step.
 """
 
 from __future__ import annotations
@@ -22,19 +23,24 @@ class RunningBatch:
         self.model = model
         self.sequences: list[RunningSequence] = []
         self._cache: KVCache | None = None
-        self._joining: list[tuple[RunningSequence, KVCache]] = []
+        self._joining: list[tuple[list[RunningSequence], KVCache]] = []
 
     def __len__(self) -> int:
-        return len(self.sequences) + len(self._joining)
+        return len(self.sequences) + sum(len(group) for group, _ in self._joining)
 
-    def prefill(self, sequence: RunningSequence) -> Tensor:
-        """Run the prompt alone into a fresh cache sized for the whole request; float32 logits [V]."""
-        prompt = sequence.request.prompt_tokens
-        cache = self.model.new_cache(1, len(prompt) + sequence.request.sampling.max_new_tokens)
-        tokens = torch.tensor([prompt], dtype=torch.long, device=self._device)  # [1, T]
+    def prefill(self, sequences: list[RunningSequence]) -> Tensor:
+        """Run prompts of one length into a fresh cache sized for the whole requests.
+
+        Returns float32 logits [N, V] on CPU; the sequences join the batch at the next decode step.
+        """
+        requests = [sequence.request for sequence in sequences]
+        capacity = max(len(request.prompt_tokens) + request.sampling.max_new_tokens for request in requests)
+        cache = self.model.new_cache(len(sequences), capacity)
+        tokens = torch.tensor([request.prompt_tokens for request in requests], device=self._device)  # [N, T]
+        scalings = [sequence.scaling for sequence in sequences]
         with torch.inference_mode():
-            logits: Tensor = self.model(tokens, scaling=[sequence.scaling], cache=cache, last_n=1)[0, -1]
-        self._joining.append((sequence, cache))
+            logits: Tensor = self.model(tokens, scaling=scalings, cache=cache, last_n=1)[:, -1]  # [N, V]
+        self._joining.append((sequences, cache))
         return logits.float().cpu()
 
     def decode(self) -> Tensor:
@@ -63,14 +69,24 @@ class RunningBatch:
 
     def retain(self, keep: Callable[[RunningSequence], bool]) -> list[RunningSequence]:
         """Drop sequences for which `keep` is false (their cache rows too); return the dropped ones."""
-        rows = [index for index, sequence in enumerate(self.sequences) if keep(sequence)]
         dropped = [sequence for sequence in self.sequences if not keep(sequence)]
-        joining_dropped = [sequence for sequence, _ in self._joining if not keep(sequence)]
-        self._joining = [(sequence, cache) for sequence, cache in self._joining if keep(sequence)]
-        if len(rows) != len(self.sequences):
+        if dropped:
+            rows = [index for index, sequence in enumerate(self.sequences) if keep(sequence)]
             self.sequences = [self.sequences[index] for index in rows]
             self._cache = self._cache.select(rows) if rows and self._cache is not None else None
-        return dropped + joining_dropped
+        joining = []
+        for group, cache in self._joining:
+            rows = [index for index, sequence in enumerate(group) if keep(sequence)]
+            dropped += [sequence for sequence in group if not keep(sequence)]
+            if rows:
+                joining.append(
+                    (
+                        [group[index] for index in rows],
+                        cache if len(rows) == len(group) else cache.select(rows),
+                    )
+                )
+        self._joining = joining
+        return dropped
 
     @property
     def _device(self) -> torch.device:
@@ -81,7 +97,7 @@ class RunningBatch:
             return
         caches = ([self._cache] if self._cache is not None else []) + [cache for _, cache in self._joining]
         self._cache = KVCache.concat(caches)
-        self.sequences += [sequence for sequence, _ in self._joining]
+        self.sequences += [sequence for group, _ in self._joining for sequence in group]
         self._joining = []
 
     def _forward(self, cache: KVCache, sequences: list[RunningSequence]) -> Tensor:

@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,7 +244,11 @@ class InferenceEngine:
     def _admit(self, name: str) -> None:
         """Start waiting requests while the model's batch has room (scoring needs no slot)."""
         waiting, batch = self._waiting[name], self._batches[name]
-        while waiting and (isinstance(waiting[0].request, ScoreRequest) or len(batch) < self.max_batch_size):
+        starting: dict[int, list[RunningSequence]] = defaultdict(list)  # by prompt length
+        while waiting and (
+            isinstance(waiting[0].request, ScoreRequest)
+            or len(batch) + sum(map(len, starting.values())) < self.max_batch_size
+        ):
             job = waiting.popleft()
             with self._lock:
                 self._queued -= 1
@@ -253,7 +257,12 @@ class InferenceEngine:
             elif isinstance(job.request, ScoreRequest):
                 self._score(job, job.request)
             else:
-                self._prefill(job, job.request)
+                sequence = RunningSequence(
+                    job.request, job.handle, self._models[name], job.pe, job.submitted_at
+                )
+                starting[len(job.request.prompt_tokens)].append(sequence)
+        for sequences in starting.values():
+            self._prefill(batch, sequences)
 
     def _score(self, job: _Job, request: ScoreRequest) -> None:
         served = self._models[request.model]
@@ -277,17 +286,21 @@ class InferenceEngine:
             )
         )
 
-    def _prefill(self, job: _Job, request: GenerationRequest) -> None:
-        served = self._models[request.model]
-        sequence = RunningSequence(request, job.handle, served, job.pe, job.submitted_at)
-        sequence.started_at = time.perf_counter()
-        batch = self._batches[request.model]
+    def _prefill(self, batch: RunningBatch, sequences: list[RunningSequence]) -> None:
+        """Prefill prompts of one length together; if that raises, each alone, so only the culprit fails."""
+        started = time.perf_counter()
+        for sequence in sequences:
+            sequence.started_at = started
         with self._lock:
-            self._running += 1
+            self._running += len(sequences)
         try:
-            self._accept_rows([sequence], batch.prefill(sequence)[None])
-        except Exception as error:
-            self._fail(sequence, error)
+            self._accept_rows(sequences, batch.prefill(sequences))
+        except Exception:
+            for sequence in sequences:
+                try:
+                    self._accept_rows([sequence], batch.prefill([sequence]))
+                except Exception as error:
+                    self._fail(sequence, error)
         self._release_finished(batch)
 
     def _decode_step(self, name: str) -> None:

@@ -89,9 +89,12 @@ def assert_same_generation(batched: GenerationResult, single: GenerationResult) 
 
 
 def test_a_batch_of_mixed_scalings_gives_each_request_its_result_alone(rope_dir: Path) -> None:
-    """Requests past the native context, each with another scaling, decoded in one batch."""
-    names = ["none", "linear", "dynamic", "yarn", "longrope"]
-    requests = [generation(i, SCALINGS[name]) for i, name in enumerate(names)]
+    """Requests past the native context, each with another scaling, decoded in one batch.
+
+    The last two share the first one's prompt, so the three are also prefilled together.
+    """
+    names = ["none", "linear", "dynamic", "yarn", "longrope", "ntk", "llama3"]
+    requests = [generation(i if i < 5 else 0, SCALINGS[name]) for i, name in enumerate(names)]
     with running_engine([rope_dir], start=False) as engine:
         handles = [engine.submit(request) for request in requests]
         engine.start()  # everything queued is admitted together and shares every decode step
