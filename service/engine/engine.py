@@ -47,6 +47,7 @@ from service.engine.types import (
     GenerationRequest,
     ModelInfo,
     PEInfo,
+    SamplingParams,
     ScoreRequest,
     ScoreResult,
     Timing,
@@ -164,6 +165,8 @@ class InferenceEngine:
         served = self._served(request.model)
         tokens = request.prompt_tokens if isinstance(request, GenerationRequest) else request.tokens
         self._check_tokens(served, tokens, minimum=1 if isinstance(request, GenerationRequest) else 2)
+        if isinstance(request, GenerationRequest):
+            _check_sampling(request.sampling)
         new_tokens = request.sampling.max_new_tokens if isinstance(request, GenerationRequest) else 0
         pe = served.resolve_pe(request.scaling, len(tokens) + new_tokens)
         with self._lock:
@@ -401,6 +404,20 @@ class InferenceEngine:
     def _retry_after(self) -> float:
         """A rough wait: one second per batch-load of queued work, at least one."""
         return max(1.0, self._queued / max(self.max_batch_size, 1))
+
+
+def _check_sampling(params: SamplingParams) -> None:
+    """Ranges the sampler relies on (the HTTP layer checks them too; other callers may not)."""
+    problems = {
+        "max_new_tokens": params.max_new_tokens < 1,
+        "temperature": not params.temperature >= 0.0,
+        "top_k": params.top_k < 0,
+        "top_p": not 0.0 < params.top_p <= 1.0,
+    }
+    for field, bad in problems.items():
+        if bad:
+            value = getattr(params, field)
+            raise InvalidRequestError(f"{field} is out of range: {value!r}", param=field)
 
 
 def _as_engine_error(error: Exception) -> EngineError:

@@ -234,6 +234,19 @@ def test_resolve_pe_enforces_schemes_and_context_limits(make_tiny_checkpoint: Ti
         assert engine.models()[1].supported_scalings == ("none", "linear")
 
 
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_new_tokens", 0), ("temperature", -0.1), ("top_k", -1), ("top_p", 0.0)]
+)
+def test_out_of_range_sampling_is_refused_at_submit(rope_dir: Path, field: str, value: float) -> None:
+    with running_engine([rope_dir], start=False) as engine:
+        with pytest.raises(InvalidRequestError) as refused:
+            engine.submit(generation(0, None, MODEL, **{field: value}))
+        assert refused.value.param == field
+        with pytest.raises(InvalidRequestError) as bad_token:
+            engine.submit(ScoreRequest("s", MODEL, (256, 300)))
+        assert bad_token.value.param == "tokens.1"
+
+
 def test_resolve_model_by_name_or_scheme(make_tiny_checkpoint: TinyCheckpointFactory) -> None:
     dirs = [make_tiny_checkpoint(scheme, name=f"tiny-{scheme}") for scheme in ("rope", "alibi")]
     with running_engine(dirs, start=False) as engine:

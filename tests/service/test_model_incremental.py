@@ -93,3 +93,21 @@ def test_a_request_scaling_replaces_the_model_default() -> None:
     unscaled = scaled_by_default(tokens, scaling=RopeScaling())
     assert torch.allclose(scaled_by_default(tokens), scaled_by_default(tokens, scaling=LINEAR))
     assert not torch.allclose(scaled_by_default(tokens), unscaled)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_the_same_code_runs_on_cuda(dtype: torch.dtype) -> None:
+    """CUDA agrees with CPU (float32 tightly; bfloat16 runs and stays close), incremental included."""
+    cpu = tiny_model(pe="rope")
+    cuda = tiny_model(pe="rope").to(device="cuda", dtype=dtype)
+    tokens = torch.randint(0, 258, (2, TOTAL), generator=torch.Generator().manual_seed(4))
+    scaling = SCALINGS["dynamic"]
+    expected = cpu(tokens, scaling=scaling)[:, -1]
+    cache = cuda.new_cache(2, capacity=TOTAL)
+    cuda(tokens[:, :-1].cuda(), scaling=scaling, cache=cache)
+    logits = cuda(tokens[:, -1:].cuda(), scaling=scaling, cache=cache)[:, -1].float().cpu()
+    tolerance = TOLERANCE if dtype == torch.float32 else 0.1
+    assert (logits - expected).abs().max().item() <= tolerance
