@@ -5,8 +5,8 @@
 #   CPU hosts:  docker build --build-arg BASE_IMAGE=python:3.11-slim -t pe-serve:cpu .
 # torch from a local wheel (air-gapped, or to avoid PyPI's multi-GB CUDA build on a CPU image):
 # put the wheel in the wheelhouse directory of the build context (build arg WHEELHOUSE, default
-# `.whl/`); it is installed from there without an index. Any pytorch/pytorch *-runtime tag with
-# Python >= 3.11 works as the GPU base.
+# `.whl/`); pip takes torch from it and looks there first for the other wheels too. Any
+# pytorch/pytorch *-runtime tag with Python >= 3.11 works as the GPU base.
 
 ARG BASE_IMAGE=pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime
 
@@ -23,14 +23,14 @@ WORKDIR /app
 # Dependencies first, in their own layer, so editing the source does not reinstall them.
 # The glob keeps the COPY valid when the build context has no wheelhouse. Versions are pyproject's.
 COPY pyproject.toml ${WHEELHOUSE}* /tmp/wheelhouse/
+# A torch wheel named on the command line is the torch pip installs: no other build is fetched.
 # hadolint ignore=DL3013
 RUN --mount=type=cache,target=/root/.cache/pip \
     set -eu; \
-    torch_wheel="$(find /tmp/wheelhouse -maxdepth 1 -name 'torch-*.whl' | head -n 1)"; \
-    if [ -n "$torch_wheel" ]; then pip install --no-index --find-links /tmp/wheelhouse "$torch_wheel"; fi; \
     python3 -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/wheelhouse/pyproject.toml', 'rb'))['project']['dependencies']))" \
         > /tmp/requirements.txt; \
-    pip install --find-links /tmp/wheelhouse -r /tmp/requirements.txt
+    torch_wheel="$(find /tmp/wheelhouse -maxdepth 1 -name 'torch-*.whl' | head -n 1)"; \
+    pip install --find-links /tmp/wheelhouse -r /tmp/requirements.txt ${torch_wheel:+"$torch_wheel"}
 
 # An editable install keeps the packages beside models/ under /app, where the bundled zoo is found.
 COPY README.md pyproject.toml ./
