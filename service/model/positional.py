@@ -9,13 +9,14 @@ their RoPE scaling, which is what lets one forward pass serve requests with diff
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
 
-from pe_runtime import PECache, PEConfigError, RopeScaling, alibi_bias, rope_seq_len_key
+from pe_runtime import PECache, PEConfigError, RopeScaling, RopeTables, alibi_bias, rope_seq_len_key
 from pe_runtime.absolute import interpolate_learned
 from service.model.config import ModelConfig, Scheme
 
@@ -29,6 +30,9 @@ SUPPORTED_SCALINGS: dict[Scheme, tuple[str, ...]] = {
     "t5_bias": ("none",),
     "nope": ("none",),
 }
+
+
+_Key = TypeVar("_Key", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -97,9 +101,8 @@ class PositionalEncoding(nn.Module):
         if len(set(rows)) == 1:
             rows = rows[:1]
         key_length = max(row.past for row in rows) + query_length
-        query_positions = torch.stack(
-            [torch.arange(row.past, row.past + query_length, device=device) for row in rows]
-        )  # [R, Tq]
+        pasts = torch.tensor([row.past for row in rows], device=device)
+        query_positions = pasts[:, None] + torch.arange(query_length, device=device)[None, :]  # [R, Tq]
         bias = self._attention_bias(query_positions, key_length, dtype)
         if bias is None and all(row.past == 0 for row in rows):
             mask = None
@@ -126,25 +129,26 @@ class PositionalEncoding(nn.Module):
         """cos/sin at the new positions, each row from the table for its own current length."""
         if self.config.pe != "rope":
             return None
-        tables = [
-            self.cache.rope(
-                self.config.rotary_dim,
-                self.config.rope_base,
-                row.scaling,
-                key_length,
-                device=query_positions.device,
-                dtype=dtype,
-                layout=self.config.rope_layout,
-                seq_len=row.past + query_positions.shape[1],
-            )
-            for row in rows
+        total = [row.past + query_positions.shape[1] for row in rows]
+        row_keys = [
+            (row.scaling, self.table_key(row.scaling, length))
+            for row, length in zip(rows, total, strict=True)
         ]
-        cos = torch.stack(
-            [table.cos[positions] for table, positions in zip(tables, query_positions, strict=True)]
-        )
-        sin = torch.stack(
-            [table.sin[positions] for table, positions in zip(tables, query_positions, strict=True)]
-        )
+        tables: dict[tuple[RopeScaling, Hashable], RopeTables] = {}
+        for key, length in zip(row_keys, total, strict=True):
+            if key not in tables:
+                tables[key] = self.cache.rope(
+                    self.config.rotary_dim,
+                    self.config.rope_base,
+                    key[0],
+                    key_length,
+                    device=query_positions.device,
+                    dtype=dtype,
+                    layout=self.config.rope_layout,
+                    seq_len=length,
+                )
+        cos = _gather_rows({key: table.cos for key, table in tables.items()}, row_keys, query_positions)
+        sin = _gather_rows({key: table.sin for key, table in tables.items()}, row_keys, query_positions)
         return cos[:, None], sin[:, None]  # [R, 1, Tq, rotary_dim]
 
     def _attention_bias(self, query_positions: Tensor, key_length: int, dtype: torch.dtype) -> Tensor | None:
@@ -154,7 +158,9 @@ class PositionalEncoding(nn.Module):
             slopes = self.cache.alibi_slopes(
                 self.config.n_heads, device=query_positions.device, dtype=torch.float32
             )
-            return torch.stack([alibi_bias(slopes, row, key_positions) for row in query_positions]).to(dtype)
+            rows, length = query_positions.shape
+            bias = alibi_bias(slopes, query_positions.flatten(), key_positions)  # [H, R * Tq, Tk]
+            return bias.view(-1, rows, length, key_length).transpose(0, 1).to(dtype)
         if self.t5_table is not None:
             buckets = self.cache.t5_buckets(
                 key_length,
@@ -166,8 +172,8 @@ class PositionalEncoding(nn.Module):
             offsets = (
                 key_positions[None, None, :] - query_positions[:, :, None] + key_length - 1
             )  # [R, Tq, Tk]
-            bias: Tensor = self.t5_table(buckets[offsets])  # [R, Tq, Tk, n_heads]
-            return bias.permute(0, 3, 1, 2).to(dtype)
+            per_head: Tensor = self.t5_table(buckets[offsets])  # [R, Tq, Tk, n_heads]
+            return per_head.permute(0, 3, 1, 2).to(dtype)
         return None
 
     def _absolute(self, rows: list[_Row], query_positions: Tensor, dtype: torch.dtype) -> Tensor | None:
@@ -175,11 +181,12 @@ class PositionalEncoding(nn.Module):
         if self.config.pe not in ("learned", "sinusoidal"):
             return None
         needed = int(query_positions.max()) + 1
-        embeddings = [
-            self._absolute_table(_linear_factor(row.scaling), needed, query_positions.device)[positions]
-            for row, positions in zip(rows, query_positions, strict=True)
-        ]
-        return torch.stack(embeddings).to(dtype)
+        factors = [_linear_factor(row.scaling) for row in rows]
+        tables = {
+            factor: self._absolute_table(factor, needed, query_positions.device)[:needed]
+            for factor in set(factors)
+        }
+        return _gather_rows(tables, factors, query_positions).to(dtype)
 
     def _absolute_table(self, factor: float, needed: int, device: torch.device) -> Tensor:
         """A table of at least `needed` rows, read at position / factor (linear interpolation)."""
@@ -196,6 +203,18 @@ class PositionalEncoding(nn.Module):
                 field="factor",
             )
         return table
+
+
+def _gather_rows(tables: Mapping[_Key, Tensor], row_keys: Sequence[_Key], positions: Tensor) -> Tensor:
+    """Row r of the result reads `tables[row_keys[r]]` at `positions[r]`: [R, Tq, ...] in one gather.
+
+    Tables [L, ...] of equal length; rows sharing a key share its table, so a batch mixing a few
+    scalings costs a few lookups, not one per row.
+    """
+    slot = {key: index for index, key in enumerate(tables)}
+    stacked = torch.stack(list(tables.values()))  # [U, L, ...]
+    which = torch.tensor([slot[key] for key in row_keys], device=positions.device)
+    return stacked[which[:, None], positions]
 
 
 def _linear_factor(scaling: RopeScaling) -> float:
