@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-body-bytes", type=int, metavar="N", help="request body limit (default 1 MiB)")
     parser.add_argument(
+        "--drain-timeout-s",
         "--drain-timeout",
         dest="drain_timeout_s",
         type=float,

@@ -11,7 +11,7 @@ from service.api.convert import generate_response
 from service.api.deps import EngineDep, MetricsDep, RequestIdDep, StartedAtDep, require_json
 from service.api.handles import ClientDisconnectedError, FirstTokenTimer, final_result
 from service.api.inputs import prepare_input
-from service.api.routes.responses import INFERENCE_ERRORS
+from service.api.routes.responses import INFERENCE_ERRORS, STREAM_EVENT_SCHEMA
 from service.api.schemas.requests import GenerateRequest
 from service.api.schemas.responses import GenerateResponse
 from service.api.schemas.scaling import SCALING_EXAMPLES
@@ -63,7 +63,10 @@ def sampling_params(body: GenerateRequest) -> SamplingParams:
     "/generate",
     response_model=GenerateResponse,
     responses={
-        200: {"content": {"text/event-stream": {}}, "description": _STREAM_DESCRIPTION},
+        200: {
+            "content": {"text/event-stream": {"schema": STREAM_EVENT_SCHEMA}},
+            "description": _STREAM_DESCRIPTION,
+        },
         **INFERENCE_ERRORS,
     },
 )

@@ -1,10 +1,12 @@
-"""OpenAPI descriptions of the error statuses routes can answer with, all in the SPEC's error shape."""
+"""OpenAPI descriptions beyond the JSON bodies: error statuses (SPEC error shape) and SSE events."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from service.api.schemas.responses import ErrorResponse
+from pydantic import BaseModel
+
+from service.api.schemas.responses import ErrorResponse, StreamEnd, StreamToken
 
 _DESCRIPTIONS = {
     401: "Missing or wrong API key (when one is configured).",
@@ -22,3 +24,23 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 INFERENCE_ERRORS = error_responses(401, 404, 413, 415, 422, 429, 503)
+
+
+def _component_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """`model`'s JSON schema with nested models referenced from the OpenAPI components.
+
+    The nested models (usage, pe, timing) are components already, through GenerateResponse.
+    """
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    schema.pop("$defs", None)
+    return schema
+
+
+# The payload of each `data:` line of a stream other than `[DONE]`: a token, the end, or an error.
+STREAM_EVENT_SCHEMA: dict[str, Any] = {
+    "oneOf": [
+        _component_schema(StreamToken),
+        _component_schema(StreamEnd),
+        {"$ref": "#/components/schemas/ErrorResponse"},
+    ]
+}

@@ -140,3 +140,20 @@ def test_openapi_has_an_example_per_scaling_type(client: httpx.Client) -> None:
     examples = schema["paths"]["/generate"]["post"]["requestBody"]["content"]["application/json"]["examples"]
     scaling_types = {example["value"].get("pe_scaling", {}).get("type") for example in examples.values()}
     assert scaling_types >= {"none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope"}
+
+
+def test_stream_with_a_stop_string_matches_the_json_answer(client: httpx.Client) -> None:
+    sampled = {"tokens": list(b"def main():\n"), "max_new_tokens": 24, "temperature": 0.8, "seed": 1}
+    generated = client.post("/generate", json=sampled).json()["tokens"]
+    stop = next(
+        (chr(token) for token in generated[3:] if chr(token).isascii() and chr(token).isalnum()), None
+    )
+    if stop is None:
+        pytest.skip("the tiny model generated no ASCII letter or digit to stop on")
+    request = {**sampled, "stop": [stop]}
+    expected = client.post("/generate", json=request).json()
+    assert expected["finish_reason"] == "stop"
+    with client.stream("POST", "/generate", json={**request, "stream": True}) as response:
+        *token_events, end, _ = list(sse_data(response))
+    assert "".join(event["text"] for event in token_events) == expected["text"]
+    assert end["finish_reason"] == "stop"
