@@ -100,9 +100,8 @@ def from_engine_error(error: EngineError) -> APIError:
 
 
 def from_pe_config_error(error: PEConfigError) -> APIError:
-    field = getattr(error, "field", None)
-    param = f"{SCALING_FIELD}.{field}" if field else SCALING_FIELD
-    return APIError(422, str(error), param=param)
+    """pe_runtime names the scaling's own field; the request nests it under `pe_scaling`."""
+    return APIError(422, error.message, param=f"{SCALING_FIELD}.{error.field}")
 
 
 def param_from_location(location: Sequence[str | int], error_type: str) -> str | None:
@@ -111,11 +110,11 @@ def param_from_location(location: Sequence[str | int], error_type: str) -> str |
     Drops the leading "body" and the discriminator tag pydantic inserts for tagged unions
     (`pe_scaling.yarn.factor` -> `pe_scaling.factor`); a bad or missing tag names `pe_scaling.type`.
     """
-    parts = [str(part) for part in location]
-    if parts and parts[0] == "body":
-        parts = parts[1:]
     if error_type == "json_invalid":
         return None
+    parts = [str(part) for part in location]
+    if parts[:1] == ["body"]:
+        parts = parts[1:]
     if parts[:1] == [SCALING_FIELD]:
         if error_type in ("union_tag_invalid", "union_tag_not_found"):
             return f"{SCALING_FIELD}.type"

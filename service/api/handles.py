@@ -49,8 +49,7 @@ async def final_result(
     receive: Receive,
     on_event: Callable[[EngineEvent], None] = lambda _: None,
 ) -> ResultT:
-    """The handle's final result; if the client leaves first, cancel the request and raise
-    ClientDisconnectedError."""
+    """The handle's final result; ClientDisconnectedError (request cancelled) if the client leaves first."""
 
     async def consume() -> ResultT:
         async for event in handle:

@@ -1,4 +1,4 @@
-"""From a validated request body to what the engine runs: model, token ids, scaling, resolved PE.
+"""From a validated request body to what the engine runs: model, token ids and scaling.
 
 Checks that need the chosen model (scheme support for a scaling, vocabulary, context length) are
 made here, in the order a user would want them reported: which model, then how it is scaled,
@@ -13,7 +13,7 @@ from pe_runtime import RopeScaling
 from service.api.errors import SCALING_FIELD, APIError
 from service.api.schemas.requests import InferenceInput
 from service.api.schemas.scaling import PEScaling
-from service.engine.types import Engine, ModelInfo, PEInfo
+from service.engine.types import Engine, ModelInfo
 
 
 @dataclass(frozen=True)
@@ -21,13 +21,16 @@ class PreparedInput:
     model: ModelInfo
     tokens: tuple[int, ...]
     scaling: RopeScaling | None
-    pe: PEInfo
 
 
 def prepare_input(
     engine: Engine, body: InferenceInput, *, new_tokens: int, min_tokens: int = 1
 ) -> PreparedInput:
-    """Resolve everything a request needs; raises APIError / EngineError / PEConfigError (all 4xx)."""
+    """Resolve everything a request needs; raises APIError / EngineError / PEConfigError (all 4xx).
+
+    Whether the scaling can run at the total length is the engine's call, made when the request is
+    submitted (`Engine.submit` raises the same errors as `Engine.resolve_pe`).
+    """
     if (body.prompt is None) == (body.tokens is None):
         raise APIError(422, "Exactly one of 'prompt' and 'tokens' is required.", param="prompt")
     model = engine.resolve_model(body.model, body.pe)
@@ -43,8 +46,7 @@ def prepare_input(
             f"max_new_tokens ({new_tokens}) exceeds the max_context of {model.name} ({model.max_context})."
         )
         raise APIError(422, message, param="max_new_tokens")
-    pe = engine.resolve_pe(model.name, scaling, len(tokens) + new_tokens)
-    return PreparedInput(model=model, tokens=tokens, scaling=scaling, pe=pe)
+    return PreparedInput(model=model, tokens=tokens, scaling=scaling)
 
 
 def scaling_for(model: ModelInfo, requested: PEScaling | None) -> RopeScaling | None:

@@ -129,33 +129,33 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = Headers(scope=scope).get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
-            await self._refuse(scope, receive, send)
+        declared_too_large = declared.isdigit() and int(declared) > self.max_body_bytes
+        buffered = None if declared_too_large else await self._read(receive)
+        if buffered is None:
+            message = f"Request body exceeds the limit of {self.max_body_bytes} bytes."
+            error = APIError(413, message, headers={"Connection": "close"})
+            await error_response(error)(scope, receive, send)
             return
-        chunks: list[bytes] = []
-        size = 0
-        first: Message | None = None
-        while first is None:
-            message = await receive()
-            if message["type"] != "http.request":
-                first = message
-                break
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                await self._refuse(scope, receive, send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                first = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        pending: list[Message] = [first]
+        pending = [buffered]
 
         async def replay() -> Message:
             return pending.pop() if pending else await receive()
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        message = f"Request body exceeds the limit of {self.max_body_bytes} bytes."
-        error = APIError(413, message, headers={"Connection": "close"})
-        await error_response(error)(scope, receive, send)
+    async def _read(self, receive: Receive) -> Message | None:
+        """The whole body as one `http.request` message (or the disconnect that cut it short);
+        None as soon as it grows past the limit."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return message
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
