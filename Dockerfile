@@ -40,6 +40,9 @@ COPY training ./training
 COPY bench ./bench
 RUN pip install --no-cache-dir --no-deps --find-links /tmp/wheelhouse -e . \
     && python3 -m compileall -q /app/pe_runtime /app/service
+# World-readable: checkpoints written locally may be 0600, unreadable by the runtime user.
+COPY models ./models
+RUN chmod -R a+rX,go-w /app
 
 FROM ${BASE_IMAGE} AS runtime
 ENV PATH=/opt/venv/bin:$PATH \
@@ -51,7 +54,6 @@ RUN groupadd --system --gid 10001 pe \
     && useradd --system --uid 10001 --gid pe --home-dir /app --shell /usr/sbin/nologin pe
 COPY --from=builder /opt/venv /opt/venv
 COPY --from=builder /app /app
-COPY models /app/models
 WORKDIR /app
 USER 10001:10001
 EXPOSE 8000

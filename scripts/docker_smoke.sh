@@ -5,7 +5,9 @@
 # Works on a fresh Debian machine without a container registry (needs root and network access to
 # Debian's archive and PyPI): installs podman, buildah, debootstrap, runc and docker-compose, makes
 # the python:3.11-slim base locally with debootstrap, and takes torch from a local CPU wheel.
-# State (tools, root filesystem) is kept in $PE_SMOKE_DIR so that a second run is quicker.
+# It builds the committed HEAD from a fresh clone, as a user's checkout would be (file modes and
+# untracked files of the working tree play no part). State (tools, root filesystem, the clone) is
+# kept in $PE_SMOKE_DIR so that a second run is quicker.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -24,6 +26,14 @@ log() { printf '[docker-smoke %s] %s\n' "$(date +%T)" "$*"; }
 # Without systemd, podman cannot start healthcheck timers and says so on every container start
 # and removal; `podman healthcheck run` below checks health by hand instead.
 without_systemd_noise() { grep -v 'systemd' >&2 || true; }
+
+checkout_head() {
+    [ -z "$(git status --porcelain --untracked-files=no)" ] || log "note: uncommitted changes are not tested"
+    log "cloning HEAD ($(git rev-parse --short HEAD)) into $STATE_DIR/src"
+    rm -rf "$STATE_DIR/src"
+    git clone -q --no-hardlinks "file://$PWD" "$STATE_DIR/src"
+    cd "$STATE_DIR/src"
+}
 
 install_tools() {
     local missing=()
@@ -164,8 +174,9 @@ run_compose() {
     log "compose --profile cpu up on :$COMPOSE_PORT"
     compose up -d >"$STATE_DIR/compose.log" 2>&1 || { tail -n 40 "$STATE_DIR/compose.log"; exit 1; }
     sdk_check "http://127.0.0.1:$COMPOSE_PORT"
+    local start=$SECONDS
     compose down >>"$STATE_DIR/compose.log" 2>&1
-    log "compose down"
+    log "compose down (SIGTERM, drain, exit) in $((SECONDS - start)) s"
 }
 
 cleanup() {
@@ -175,6 +186,8 @@ cleanup() {
 
 main() {
     local start=$SECONDS
+    mkdir -p "$STATE_DIR"
+    checkout_head
     install_tools
     configure_podman
     trap cleanup EXIT
