@@ -14,6 +14,7 @@ service exists for). Medians of `--repeats` runs. Run:
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -120,37 +121,46 @@ def run_generate(model: Any, batch: list[tuple[int, ...]], new_tokens: int) -> M
     return Measurement(len(batch) * new_tokens / elapsed, elapsed / new_tokens * 1000.0)
 
 
-def interleaved_medians(repeats: int, runs: dict[str, Callable[[], Measurement]]) -> dict[str, Measurement]:
-    """Median per kind, the kinds taking turns so that drifting machine load hits them alike."""
+def interleaved_runs(
+    repeats: int, runs: dict[str, Callable[[], Measurement]]
+) -> dict[str, list[Measurement]]:
+    """`repeats` measurements per kind, the kinds taking turns so drifting machine load hits them alike."""
     for run in runs.values():
         run()  # warm-up: tables, allocator, kernel selection
     samples: dict[str, list[Measurement]] = {kind: [] for kind in runs}
     for _ in range(repeats):
         for kind, run in runs.items():
             samples[kind].append(run())
-    return {
-        kind: Measurement(
-            statistics.median(m.tokens_per_s for m in measured),
-            statistics.median(m.token_latency_ms for m in measured),
-        )
-        for kind, measured in samples.items()
-    }
+    return samples
+
+
+def median(measurements: list[Measurement]) -> Measurement:
+    return Measurement(
+        statistics.median(m.tokens_per_s for m in measurements),
+        statistics.median(m.token_latency_ms for m in measurements),
+    )
+
+
+def paired_overhead(uniform: list[Measurement], mixed: list[Measurement]) -> float:
+    """Median over repeats of uniform/mixed tokens/s - 1, each pair measured back to back."""
+    return (
+        statistics.median(u.tokens_per_s / m.tokens_per_s for u, m in zip(uniform, mixed, strict=True)) - 1.0
+    )
 
 
 def measure_concurrency(
     engine: InferenceEngine, reference: Any, concurrency: int, args: argparse.Namespace
-) -> dict[str, Measurement]:
+) -> dict[str, list[Measurement]]:
     batch = prompts(concurrency, args.prompt_tokens)
     native = engine.models()[0].native_context
     uniform = [RopeScaling(type="linear", factor=4.0)]
-    return interleaved_medians(
-        args.repeats,
-        {
-            "ours": lambda: run_engine(engine, batch, args.new_tokens, uniform),
-            "generate": lambda: run_generate(reference, batch, args.new_tokens),
-            "mixed": lambda: run_engine(engine, batch, args.new_tokens, scaling_mix(native)),
-        },
-    )
+    runs = {
+        "ours": lambda: run_engine(engine, batch, args.new_tokens, uniform),
+        "generate": lambda: run_generate(reference, batch, args.new_tokens),
+    }
+    if concurrency > 1:  # a single request has nothing to mix with
+        runs["mixed"] = lambda: run_engine(engine, batch, args.new_tokens, scaling_mix(native))
+    return interleaved_runs(args.repeats, runs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -159,8 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--prompt-tokens", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
@@ -168,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     from transformers import LlamaForCausalLM
 
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as workdir:
         ours_dir, llama_dir, source = prepare_models(args.model_dir, Path(workdir))
         reference = LlamaForCausalLM.from_pretrained(llama_dir, dtype=torch.float32)
@@ -179,12 +190,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             engine.shutdown()
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(report(args, source, results))
+    load = f"{load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end, {os.cpu_count()} CPUs"
+    args.output.write_text(report(args, source, results, load))
     print(args.output.read_text())
     return 0
 
 
-def report(args: argparse.Namespace, source: str, results: dict[int, dict[str, Measurement]]) -> str:
+def report(
+    args: argparse.Namespace, source: str, results: dict[int, dict[str, list[Measurement]]], load: str
+) -> str:
     command = " ".join(["python -m bench.throughput", *sys.argv[1:]])
     lines = [
         "# Throughput: pe-serve engine vs. transformers `generate()`",
@@ -193,7 +207,8 @@ def report(args: argparse.Namespace, source: str, results: dict[int, dict[str, M
         "",
         f"Model: {source}; {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens each, greedy, "
         f"float32. CPU: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-        f"{args.threads} intra-op thread(s). Medians of {args.repeats} interleaved runs after a warm-up.",
+        f"{args.threads} intra-op thread(s). Medians of {args.repeats} interleaved runs after a warm-up. "
+        f"The machine is shared (load average {load}), so expect run-to-run noise.",
         "",
         "Tokens/s counts generated tokens of all requests over the wall time from the first submit "
         "to the last result. Per-token latency is the median time between two tokens of one request "
@@ -205,7 +220,7 @@ def report(args: argparse.Namespace, source: str, results: dict[int, dict[str, M
         "|---:|---:|---:|---:|---:|",
     ]
     for concurrency, kinds in results.items():
-        ours, theirs = kinds["ours"], kinds["generate"]
+        ours, theirs = median(kinds["ours"]), median(kinds["generate"])
         lines.append(
             f"| {concurrency} | {ours.tokens_per_s:.1f} | {theirs.tokens_per_s:.1f} "
             f"| {ours.token_latency_ms:.2f} | {theirs.token_latency_ms:.2f} |"
@@ -215,14 +230,17 @@ def report(args: argparse.Namespace, source: str, results: dict[int, dict[str, M
         "## Mixed `pe_scaling` in one batch vs. a uniform batch (ours)",
         "",
         "Uniform: every request `linear` x4. Mixed: requests cycle through none, linear, ntk, dynamic, "
-        "yarn and llama3, all in the same decode steps. Overhead = uniform tok/s / mixed tok/s - 1.",
+        "yarn and llama3, all in the same decode steps. Overhead: median over repeats of uniform tok/s "
+        "/ mixed tok/s - 1, each pair run back to back (so machine load drift cancels).",
         "",
         "| concurrency | uniform tok/s | mixed tok/s | overhead |",
         "|---:|---:|---:|---:|",
     ]
     for concurrency, kinds in results.items():
-        uniform, mixed = kinds["ours"], kinds["mixed"]
-        overhead = (uniform.tokens_per_s / mixed.tokens_per_s - 1.0) * 100.0
+        if "mixed" not in kinds:
+            continue
+        uniform, mixed = median(kinds["ours"]), median(kinds["mixed"])
+        overhead = paired_overhead(kinds["ours"], kinds["mixed"]) * 100.0
         lines.append(
             f"| {concurrency} | {uniform.tokens_per_s:.1f} | {mixed.tokens_per_s:.1f} | {overhead:+.1f}% |"
         )
