@@ -11,10 +11,9 @@ from service.api.convert import generate_response
 from service.api.deps import EngineDep, MetricsDep, RequestIdDep, StartedAtDep, require_json
 from service.api.handles import ClientDisconnectedError, FirstTokenTimer, final_result
 from service.api.inputs import prepare_input
-from service.api.routes.responses import INFERENCE_ERRORS, STREAM_EVENT_SCHEMA
+from service.api.openapi import INFERENCE_ERRORS, STREAM_EVENT_SCHEMA, scaling_examples
 from service.api.schemas.requests import GenerateRequest
 from service.api.schemas.responses import GenerateResponse
-from service.api.schemas.scaling import SCALING_EXAMPLES
 from service.api.streaming import EventStreamResponse, generation_events
 from service.engine.types import GenerationRequest, GenerationResult, SamplingParams
 
@@ -22,22 +21,15 @@ router = APIRouter(tags=["inference"], dependencies=[Depends(require_json)])
 
 CLIENT_CLOSED_REQUEST = 499
 
-_EXAMPLE_PROMPT: dict[str, Any] = {
+_EXAMPLE_REQUEST: dict[str, Any] = {
     "prompt": "def fib(n):",
     "max_new_tokens": 32,
     "temperature": 0.8,
     "seed": 7,
 }
-GENERATE_EXAMPLES: dict[str, Any] = {
-    "default": {"summary": "The default model, its own scaling", "value": _EXAMPLE_PROMPT},
-    **{
-        scaling_type: {
-            "summary": f"RoPE with {scaling_type} scaling",
-            "value": {**_EXAMPLE_PROMPT, "pe": "rope", "pe_scaling": example},
-        }
-        for scaling_type, example in SCALING_EXAMPLES.items()
-    },
-    "stream": {"summary": "Streamed as server-sent events", "value": {**_EXAMPLE_PROMPT, "stream": True}},
+GENERATE_EXAMPLES = {
+    **scaling_examples(_EXAMPLE_REQUEST),
+    "stream": {"summary": "Streamed as server-sent events", "value": {**_EXAMPLE_REQUEST, "stream": True}},
 }
 
 _STREAM_DESCRIPTION = (

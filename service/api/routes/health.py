@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.api.deps import StateDep
-from service.api.routes.responses import error_responses
+from service.api.openapi import error_responses
 from service.api.schemas.responses import StatusResponse
 
 router = APIRouter(tags=["operations"])

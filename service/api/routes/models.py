@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from service.api.convert import model_card
 from service.api.deps import EngineDep
-from service.api.routes.responses import error_responses
+from service.api.openapi import error_responses
 from service.api.schemas.responses import ModelsResponse
 
 router = APIRouter(tags=["models"])

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 import uuid
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Body, Depends, Request, Response
 
 from service.api.deps import EngineDep, require_json
 from service.api.handles import ClientDisconnectedError, final_result
 from service.api.inputs import prepare_input
+from service.api.openapi import INFERENCE_ERRORS, scaling_examples
 from service.api.routes.generate import CLIENT_CLOSED_REQUEST
-from service.api.routes.responses import INFERENCE_ERRORS
 from service.api.schemas.requests import ScoreRequest
 from service.api.schemas.responses import ScoreResponse
 from service.engine.types import ScoreRequest as EngineScoreRequest
@@ -23,8 +24,13 @@ router = APIRouter(tags=["inference"], dependencies=[Depends(require_json)])
 MIN_SCORED_TOKENS = 2
 
 
+SCORE_EXAMPLES = scaling_examples({"prompt": "import os\nprint(os.getcwd())\n"})
+
+
 @router.post("/score", response_model=ScoreResponse, responses=INFERENCE_ERRORS)
-async def score(body: ScoreRequest, request: Request, engine: EngineDep) -> Response | ScoreResponse:
+async def score(
+    body: Annotated[ScoreRequest, Body(openapi_examples=SCORE_EXAMPLES)], request: Request, engine: EngineDep
+) -> Response | ScoreResponse:
     """Score `prompt` (tokenized as for generation) or `tokens` (as given, no BOS added)."""
     prepared = prepare_input(engine, body, new_tokens=0, min_tokens=MIN_SCORED_TOKENS)
     job = EngineScoreRequest(

@@ -157,3 +157,11 @@ def test_stream_with_a_stop_string_matches_the_json_answer(client: httpx.Client)
         *token_events, end, _ = list(sse_data(response))
     assert "".join(event["text"] for event in token_events) == expected["text"]
     assert end["finish_reason"] == "stop"
+
+
+def test_streamed_logprobs_match_the_json_answer(client: httpx.Client) -> None:
+    request = {**SAMPLED, "logprobs": True}
+    expected = client.post("/generate", json=request).json()
+    with client.stream("POST", "/generate", json={**request, "stream": True}) as response:
+        *token_events, _, _ = list(sse_data(response))
+    assert [event["logprob"] for event in token_events] == pytest.approx(expected["logprobs"], abs=1e-5)

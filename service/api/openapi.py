@@ -1,4 +1,4 @@
-"""OpenAPI descriptions beyond the JSON bodies: error statuses (SPEC error shape) and SSE events."""
+"""OpenAPI documentation shared by the routes: request examples, error statuses, SSE events."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from service.api.schemas.responses import ErrorResponse, StreamEnd, StreamToken
+from service.api.schemas.scaling import SCALING_EXAMPLES
 
 _DESCRIPTIONS = {
     401: "Missing or wrong API key (when one is configured).",
@@ -44,3 +45,17 @@ STREAM_EVENT_SCHEMA: dict[str, Any] = {
         {"$ref": "#/components/schemas/ErrorResponse"},
     ]
 }
+
+
+def scaling_examples(request: dict[str, Any]) -> dict[str, Any]:
+    """OpenAPI examples of `request`: as is (the default model and scaling), then on RoPE per scaling type."""
+    return {
+        "default": {"summary": "The default model, its own scaling", "value": request},
+        **{
+            scaling_type: {
+                "summary": f"RoPE with {scaling_type} scaling",
+                "value": {**request, "pe": "rope", "pe_scaling": example},
+            }
+            for scaling_type, example in SCALING_EXAMPLES.items()
+        },
+    }
