@@ -172,27 +172,26 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 
 def _render_columns(columns: Sequence[_Column], total_width: int) -> str:
-    """Side-by-side text: a header per scaling, the wrapped generations, then a summary row."""
+    """Side-by-side text: a header per scaling, the wrapped generations, then aligned summaries."""
     column_width = max(12, (total_width - len(COLUMN_GAP) * (len(columns) - 1)) // len(columns))
+    texts = [_wrap(column.generation.text, column_width) for column in columns]
+    text_height = max(len(lines) for lines in texts)
     cells = [
         [
             column.label,
             f"ctx {column.generation.pe.native_context}->{column.generation.pe.max_context}",
             "-" * column_width,
-            *_wrap(column.generation.text, column_width),
+            *lines,
+            *[""] * (text_height - len(lines)),
             "-" * column_width,
             f"finish: {column.generation.finish_reason}",
             f"attn factor: {column.generation.pe.attention_factor:.4f}",
             f"prompt ppl: {column.prompt_score.perplexity:.3f}",
         ]
-        for column in columns
+        for column, lines in zip(columns, texts, strict=True)
     ]
-    height = max(len(cell) for cell in cells)
-    rows = [
-        COLUMN_GAP.join((cell[row] if row < len(cell) else "").ljust(column_width) for cell in cells).rstrip()
-        for row in range(height)
-    ]
-    return "\n".join(rows)
+    rows = zip(*cells, strict=True)
+    return "\n".join(COLUMN_GAP.join(cell.ljust(column_width) for cell in row).rstrip() for row in rows)
 
 
 def _wrap(text: str, width: int) -> list[str]:
