@@ -36,6 +36,27 @@ TINY_CONFIG: dict[str, Any] = {
 
 TinyCheckpointFactory = Callable[..., Path]
 
+# Random init (std 0.02) gives nearly uniform attention, so positions barely move the logits and a
+# 1e-4 parity check would pass even with wrong positions. Scaling queries and keys up makes
+# attention sharp enough that any positional mistake shows.
+ATTENTION_GAIN = 8.0
+
+
+def sharpen_attention(layers: Any, query_attr: str, key_attr: str) -> None:
+    """Multiply every layer's query and key projections by `ATTENTION_GAIN`, in place."""
+    with torch.no_grad():
+        for layer in layers:
+            getattr(layer, query_attr).weight.mul_(ATTENTION_GAIN)
+            getattr(layer, key_attr).weight.mul_(ATTENTION_GAIN)
+
+
+def tiny_transformer(*, seed: int = 0, **overrides: Any) -> Transformer:
+    """A seeded random `Transformer` of `TINY_CONFIG` (plus overrides) with sharp attention."""
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig.from_dict(TINY_CONFIG | overrides))
+    sharpen_attention([layer.attn for layer in model.layers], "q_proj", "k_proj")
+    return model.eval()
+
 
 def rope_scalings(original: int, rotary_dim: int) -> dict[str, RopeScaling]:
     """One scaling of every type, extending a model trained on `original` tokens 4x."""
@@ -68,9 +89,7 @@ def write_tiny_checkpoint(
 
     The model's name is `name`, or the directory's name.
     """
-    torch.manual_seed(seed)
-    config = ModelConfig.from_dict(TINY_CONFIG | {"pe": scheme} | overrides)
-    save_checkpoint(Transformer(config), directory, name=name)
+    save_checkpoint(tiny_transformer(seed=seed, pe=scheme, **overrides), directory, name=name)
     return directory
 
 

@@ -33,9 +33,7 @@ from service.engine.types import (
     TokenEvent,
 )
 from service.model.checkpoint import save_checkpoint
-from service.model.config import ModelConfig
-from service.model.transformer import Transformer
-from tests.conftest import TINY_CONFIG, TinyCheckpointFactory, rope_scalings
+from tests.conftest import TINY_CONFIG, TinyCheckpointFactory, rope_scalings, tiny_transformer
 
 NATIVE = 16
 SCALINGS = rope_scalings(NATIVE, rotary_dim=TINY_CONFIG["d_model"] // TINY_CONFIG["n_heads"])
@@ -155,9 +153,7 @@ def test_a_full_queue_refuses_at_once_and_queued_requests_still_run(rope_dir: Pa
 
 def test_non_finite_logits_fail_only_their_request(tmp_path: Path) -> None:
     """The EOS embedding is poisoned with NaN: only a prompt containing EOS can reach it."""
-    torch.manual_seed(0)
-    config = TINY_CONFIG | {"native_context": NATIVE, "tie_embeddings": False}  # the head stays finite
-    model = Transformer(ModelConfig.from_dict(config))
+    model = tiny_transformer(native_context=NATIVE, tie_embeddings=False)  # the head stays finite
     with torch.no_grad():
         model.embed_tokens.weight[257] = float("nan")
     save_checkpoint(model, tmp_path / MODEL)
@@ -182,13 +178,13 @@ def test_non_finite_logits_fail_only_their_request(tmp_path: Path) -> None:
 
 def test_scoring_is_the_plain_function_and_agrees_with_generation_logprobs(rope_dir: Path) -> None:
     with running_engine([rope_dir]) as engine:
-        generated = alone(engine, generation(0, SCALINGS["dynamic"], max_new_tokens=30))
+        generated = alone(engine, generation(0, SCALINGS["yarn"], max_new_tokens=30))
         tokens = PROMPTS[0] + generated.tokens
-        handle = engine.submit(ScoreRequest("s", MODEL, tokens, scaling=SCALINGS["dynamic"]))
+        handle = engine.submit(ScoreRequest("s", MODEL, tokens, scaling=SCALINGS["yarn"]))
         scored = list(handle)[-1]
         model = engine._models[MODEL].model
     assert isinstance(scored, ScoreResult)
-    assert list(scored.token_logprobs) == score_tokens(model, tokens, SCALINGS["dynamic"])
+    assert list(scored.token_logprobs) == score_tokens(model, tokens, SCALINGS["yarn"])
     assert scored.token_logprobs[0] is None
     assert generated.logprobs is not None
     tail = scored.token_logprobs[len(PROMPTS[0]) :]

@@ -20,6 +20,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from service.engine.engine import InferenceEngine  # noqa: E402
 from service.engine.types import GenerationRequest, GenerationResult, SamplingParams  # noqa: E402
 from service.model.hf import load_hf_checkpoint  # noqa: E402
+from tests.conftest import sharpen_attention  # noqa: E402
 
 TOLERANCE = 1e-4
 VOCAB = 96
@@ -60,6 +61,7 @@ def save_random_model(directory: Path, model_type: str = "llama", **config: Any)
     }
     config_class, model_class = classes[model_type]
     model = model_class(config_class(**(ARCHITECTURE | config))).eval()
+    sharpen_attention([layer.self_attn for layer in model.model.layers], "q_proj", "k_proj")
     model.save_pretrained(directory, max_shard_size=config.pop("max_shard_size", "1GB"))
     return model
 

@@ -6,13 +6,14 @@ tables mid-generation: the cached keys must follow, or the logits drift.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from pe_runtime import RopeScaling
-from service.model.config import ModelConfig
 from service.model.transformer import Transformer
-from tests.conftest import TINY_CONFIG, rope_scalings
+from tests.conftest import TINY_CONFIG, rope_scalings, tiny_transformer
 
 NATIVE = 16
 PROMPT = 6
@@ -33,10 +34,8 @@ CASES = [
 ]
 
 
-def tiny_model(**overrides: object) -> Transformer:
-    torch.manual_seed(0)
-    config = ModelConfig.from_dict(TINY_CONFIG | {"native_context": NATIVE} | overrides)
-    return Transformer(config).eval()
+def tiny_model(**overrides: Any) -> Transformer:
+    return tiny_transformer(native_context=NATIVE, **overrides)
 
 
 def last_logits_of_full_forward(
