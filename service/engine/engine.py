@@ -170,8 +170,8 @@ class InferenceEngine:
         new_tokens = request.sampling.max_new_tokens if isinstance(request, GenerationRequest) else 0
         pe = served.resolve_pe(request.scaling, len(tokens) + new_tokens)
         with self._lock:
-            if self._draining or self._stop.is_set():
-                raise EngineDrainingError("the engine is draining and accepts no new requests")
+            if self._draining or self._stop.is_set() or self._crash is not None:
+                raise EngineDrainingError("the engine is draining or stopped and accepts no new requests")
             if self.max_queue and self._queued >= self.max_queue:
                 raise QueueFullError(
                     f"the queue is full ({self.max_queue} requests waiting)",

@@ -1,7 +1,9 @@
 """Scoring: the log-probability of every token given its prefix, from one full forward pass.
 
 This is the code path behind `/score`, exposed as a plain function so the extrapolation benchmark
-measures exactly what the service reports.
+measures exactly what the service reports. With a length-dependent scaling (dynamic NTK, LongRoPE)
+every position uses the table for the whole sequence, as a full forward does; generation instead
+uses, at each step, the table for the length so far, so the two agree only for static scalings.
 """
 
 from __future__ import annotations
