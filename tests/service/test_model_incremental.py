@@ -49,19 +49,21 @@ def last_logits_of_full_forward(
     ("overrides", "scaling"), [case[1:] for case in CASES], ids=[case[0] for case in CASES]
 )
 @torch.inference_mode()
-def test_incremental_logits_equal_full_forward(
+def test_greedy_incremental_logits_equal_full_forward(
     overrides: dict[str, object], scaling: RopeScaling | None
 ) -> None:
     if overrides.get("rope_layout") == "gptj":
         scaling = rope_scalings(NATIVE, rotary_dim=4)["yarn"]
     model = tiny_model(**overrides)
-    tokens = torch.randint(0, 258, (1, TOTAL), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(0, 258, (1, PROMPT), generator=torch.Generator().manual_seed(1))
     cache = model.new_cache(1, capacity=8)  # small on purpose: growth is part of what is tested
-    logits = model(tokens[:, :PROMPT], scaling=scaling, cache=cache)[:, -1]
-    for length in range(PROMPT, TOTAL):
-        expected = last_logits_of_full_forward(model, tokens[:, :length], scaling)
-        assert (logits - expected).abs().max().item() <= TOLERANCE, f"diverged at length {length}"
-        logits = model(tokens[:, length : length + 1], scaling=scaling, cache=cache)[:, -1]
+    logits = model(tokens, scaling=scaling, cache=cache)[:, -1]
+    while tokens.shape[1] < TOTAL:
+        expected = last_logits_of_full_forward(model, tokens, scaling)
+        assert (logits - expected).abs().max().item() <= TOLERANCE, f"diverged at length {tokens.shape[1]}"
+        greedy = logits.argmax(dim=-1, keepdim=True)  # [1, 1]
+        tokens = torch.cat([tokens, greedy], dim=1)
+        logits = model(greedy, scaling=scaling, cache=cache)[:, -1]
 
 
 @torch.inference_mode()
