@@ -8,6 +8,7 @@ the engine nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
@@ -42,7 +43,9 @@ class EngineHandle:
             self._arrived.notify_all()
             wakeups = list(self._async_wakeups)
         for loop, event in wakeups:
-            loop.call_soon_threadsafe(event.set)
+            # A reader whose loop has closed is gone; the engine must not fail because of it.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(event.set)
 
     def __iter__(self) -> Iterator[EngineEvent]:
         while True:
