@@ -47,7 +47,6 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     )
     app.state.service = state
     app.state.metrics = service_metrics
-    app.state.settings = settings
     install_error_handlers(app)
     routers = [module.router for module in (generate, score, models, health, metrics)]
     for router in routers:

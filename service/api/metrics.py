@@ -23,7 +23,7 @@ CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 # on big checkpoints take minutes.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
-EMPTY_STATS = EngineStats(queue_depth=0, running=0, batch_size=0, generated_tokens_total=0)
+_NO_ENGINE_STATS = EngineStats(queue_depth=0, running=0, batch_size=0, generated_tokens_total=0)
 
 
 class _EngineCollector:
@@ -33,7 +33,7 @@ class _EngineCollector:
         self._read_stats = read_stats
 
     def collect(self) -> Iterable[Metric]:
-        stats = self._read_stats() or EMPTY_STATS
+        stats = self._read_stats() or _NO_ENGINE_STATS
         yield CounterMetricFamily(
             "pe_serve_generated_tokens", "Tokens generated since start.", value=stats.generated_tokens_total
         )

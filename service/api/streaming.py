@@ -1,8 +1,8 @@
 """Server-sent events for `stream: true`: one event per token, a final event, then `[DONE]`.
 
 An error after the first byte cannot change the status line any more, so it is sent as an
-`{"error": ...}` event. The response cancels the engine request when it ends for any reason
-(client gone included), which is what frees the batch slot of a client that disconnected.
+`{"error": ...}` event. A response that ends before its last event (the client went away)
+cancels the engine request, which is what frees the batch slot of a client that disconnected.
 """
 
 from __future__ import annotations
@@ -63,15 +63,20 @@ async def generation_events(
                 )
                 yield sse_event(end)
         yield DONE
-    except APIError as error:
-        yield sse_event(error_body(error.error_type, error.message, error.param))
-    except EngineError as error:
+    except Exception as error:
+        yield sse_event(_failure_body(error, request_id))
+
+
+def _failure_body(error: Exception, request_id: str) -> dict[str, Any]:
+    """The error event for a stream that failed; only unexpected exceptions are logged here."""
+    if isinstance(error, APIError):
+        failure = error
+    elif isinstance(error, EngineError):
         failure = from_engine_error(error)
-        yield sse_event(error_body(failure.error_type, failure.message, failure.param))
-    except Exception:
+    else:
         logger.exception("stream failed")
         failure = internal_error(request_id)
-        yield sse_event(error_body(failure.error_type, failure.message))
+    return error_body(failure.error_type, failure.message, failure.param)
 
 
 class EventStreamResponse(StreamingResponse):
