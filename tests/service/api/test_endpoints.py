@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import httpx
@@ -60,6 +61,14 @@ def test_generate_returns_the_spec_response(client: httpx.Client) -> None:
     assert body["logprobs"] is None
     assert body["pe"]["scheme"] == "rope" and body["pe"]["native_context"] == NATIVE_CONTEXT
     assert set(body["timing"]) == {"queue_ms", "prefill_ms", "decode_ms"}
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "application/merge-patch+json"])
+def test_json_content_types_with_parameters_or_suffixes_are_accepted(
+    client: httpx.Client, content_type: str
+) -> None:
+    body = json.dumps({"prompt": "a", "max_new_tokens": 1}).encode()
+    assert client.post("/generate", content=body, headers={"Content-Type": content_type}).status_code == 200
 
 
 def test_request_id_is_echoed_or_generated(client: httpx.Client) -> None:
