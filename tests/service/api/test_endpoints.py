@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.service.api.conftest import MAX_CONTEXT, NATIVE_CONTEXT, SCHEME_ORDER, model_name
-from tests.service.api.helpers import DONE, sse_data
+from tests.service.api.helpers import DONE, metric_value, sse_data
 
 PROMPT = "def fib(n):"
 MAX_NEW_TOKENS = 12
@@ -75,6 +75,8 @@ def test_request_id_is_echoed_or_generated(client: httpx.Client) -> None:
     assert client.get("/healthz", headers={"X-Request-ID": "trace-42"}).headers["X-Request-ID"] == "trace-42"
     generated = client.get("/healthz").headers["X-Request-ID"]
     assert len(generated) >= 16
+    replaced = client.get("/healthz", headers={"X-Request-ID": "not a token"}).headers["X-Request-ID"]
+    assert replaced != "not a token" and len(replaced) >= 16
 
 
 def test_same_seed_gives_the_same_answer(client: httpx.Client) -> None:
@@ -141,6 +143,8 @@ def test_metrics_expose_every_spec_metric(client: httpx.Client) -> None:
     ):
         assert f"# HELP {name} " in text, name
     assert 'pe_serve_requests_total{endpoint="/generate",status="200"}' in text
+    assert metric_value(client, "pe_serve_time_to_first_token_seconds_count") > 0
+    assert metric_value(client, "pe_serve_generated_tokens_total") > 0
 
 
 def test_openapi_has_an_example_per_scaling_type(client: httpx.Client) -> None:
