@@ -119,6 +119,8 @@ def load_served_model(
         model = load_checkpoint(directory, device=device, dtype=dtype, pe_cache=pe_cache)
         tokenizer = ByteTokenizer()
     elif is_hf_checkpoint(directory):
+        if not (directory / "tokenizer.json").is_file():
+            raise ValueError(f"{directory} is a Hugging Face checkpoint without tokenizer.json")
         name = directory.name
         model = load_hf_checkpoint(directory, device=device, dtype=dtype, pe_cache=pe_cache)
         tokenizer = HFTokenizer(directory / "tokenizer.json")
