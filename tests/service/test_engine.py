@@ -272,6 +272,26 @@ def test_requests_for_different_models_run_side_by_side(make_tiny_checkpoint: Ti
         assert_same_generation(result, single)
 
 
+def test_learned_positions_run_past_their_table_with_linear_interpolation(
+    make_tiny_checkpoint: TinyCheckpointFactory,
+) -> None:
+    directory = make_tiny_checkpoint("learned", name="tiny-learned-16", native_context=NATIVE)
+    request = GenerationRequest(
+        request_id="long",
+        model="tiny-learned-16",
+        prompt_tokens=(256, *range(65, 65 + 20)),
+        sampling=SamplingParams(max_new_tokens=2 * NATIVE, temperature=0.0),
+        scaling=RopeScaling(type="linear", factor=4.0),
+    )
+    with running_engine([directory]) as engine:
+        with pytest.raises(ContextLengthError):
+            engine.submit(
+                GenerationRequest("short", "tiny-learned-16", request.prompt_tokens, request.sampling)
+            )
+        result = alone(engine, request)
+    assert result.finish_reason == "length" and len(result.tokens) == 2 * NATIVE
+
+
 def test_async_iteration_and_drain(rope_dir: Path) -> None:
     async def collect(handle: Any) -> list[Any]:
         return [event async for event in handle]
