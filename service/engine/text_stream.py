@@ -12,11 +12,44 @@ from collections.abc import Callable
 _INCOMPLETE = "\ufffd"  # what a decoder yields for bytes that do not form a character yet
 
 
+class IncrementalDecoder:
+    """`decode(tokens)` of a growing token list at a cost that does not grow with the list.
+
+    The text of committed tokens is kept; each step decodes only the newer tokens plus a few
+    before them (tokenizers such as SentencePiece render a token differently at the start of a
+    text, and the same context before both decodes cancels that) and appends what follows the
+    context. If the context's text is not a prefix of the window's, for instance because a
+    character spans the boundary, the step falls back to decoding everything.
+    """
+
+    _CONTEXT = 4
+    _COMMIT_EVERY = 8
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self._decode = decode
+        self._tokens: list[int] = []
+        self._committed = 0
+        self._committed_text = ""
+
+    def append(self, token: int) -> str:
+        """Add a token; return the decoded text of all tokens so far."""
+        self._tokens.append(token)
+        start = max(0, self._committed - self._CONTEXT)
+        context = self._decode(self._tokens[start : self._committed])
+        window = self._decode(self._tokens[start:])
+        if window.startswith(context):
+            text = self._committed_text + window[len(context) :]
+        else:
+            text = self._decode(self._tokens)
+        if len(self._tokens) - self._committed >= self._COMMIT_EVERY and not text.endswith(_INCOMPLETE):
+            self._committed, self._committed_text = len(self._tokens), text
+        return text
+
+
 class TextStream:
     def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...]) -> None:
-        self._decode = decode
+        self._decoder = IncrementalDecoder(decode)
         self._stop = tuple(s for s in stop if s)
-        self._tokens: list[int] = []
         self._released = 0
         self.text = ""
         self.stopped = False
@@ -26,8 +59,7 @@ class TextStream:
 
         Sets `stopped` and truncates `text` before the stop string when one appears.
         """
-        self._tokens.append(token)
-        text = self._decode(self._tokens)
+        text = self._decoder.append(token)
         stop_at = self._first_stop(text)
         if stop_at is not None:
             self.stopped = True

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from service.engine.sampler import Sampler
-from service.engine.text_stream import TextStream
+from service.engine.text_stream import IncrementalDecoder, TextStream
 from service.engine.types import SamplingParams
 from service.tokenizers import ByteTokenizer
 
@@ -72,3 +73,21 @@ def test_multibyte_characters_are_released_whole() -> None:
     pieces, stream = stream_all("é€x", stop=())
     assert pieces == ["", "é", "", "", "€", "x"]
     assert stream.text == "é€x"
+
+
+def test_incremental_decoding_equals_decoding_everything() -> None:
+    """Random bytes (multi-byte characters cut anywhere, specials included) and a BPE tokenizer."""
+    generator = torch.Generator().manual_seed(0)
+    byte_tokens = torch.randint(0, 258, (300,), generator=generator).tolist()
+    byte_tokens += list("naïve café ∑ 🙂 ".encode()) * 3
+    corpus = ["def f(x):\n    return x + 1\n", "naïve café 🙂", "the quick brown fox"] * 20
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, show_progress=False))
+    bpe_tokens = bpe.encode("".join(corpus[:5])).ids
+    cases = [(ByteTokenizer().decode, byte_tokens), (lambda ids: bpe.decode(ids), bpe_tokens)]
+    for decode, tokens in cases:
+        decoder = IncrementalDecoder(decode)
+        for count, token in enumerate(tokens, start=1):
+            assert decoder.append(token) == decode(tokens[:count])
