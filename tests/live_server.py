@@ -35,6 +35,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 _POLL_INTERVAL_S = 0.1
+_PORT_ATTEMPTS = 3
 
 OptionValue = str | int | float | bool
 
@@ -91,17 +92,35 @@ class LiveServer:
         return self.process.wait()
 
 
+class PortTakenError(RuntimeError):
+    """Another process bound the port between `free_port()` and the server's own bind."""
+
+
 def _wait_until_ready(server: LiveServer, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline:
             if server.process.poll() is not None:
-                raise RuntimeError(f"pe-serve exited with {server.process.returncode}:\n{server.logs()}")
+                logs = server.logs()
+                failure = PortTakenError if "address already in use" in logs else RuntimeError
+                raise failure(f"pe-serve exited with {server.process.returncode}:\n{logs}")
             with contextlib.suppress(httpx.TransportError):
                 if client.get(server.url("/readyz")).status_code == 200:
                     return
             time.sleep(_POLL_INTERVAL_S)
     raise TimeoutError(f"pe-serve not ready after {timeout:.0f} s:\n{server.logs()}")
+
+
+def _launch(arguments: Sequence[str], env: Mapping[str, str] | None) -> LiveServer:
+    port = free_port()
+    command = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), *arguments]
+    log_file = tempfile.NamedTemporaryFile(prefix="pe-serve-", suffix=".log", delete=False)  # noqa: SIM115
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    process = subprocess.Popen(
+        command, cwd=REPO_ROOT, env=environment, stdout=log_file, stderr=subprocess.STDOUT
+    )
+    log_file.close()
+    return LiveServer(process=process, base_url=f"http://127.0.0.1:{port}", log_path=Path(log_file.name))
 
 
 def start_server(
@@ -111,17 +130,22 @@ def start_server(
     env: Mapping[str, str] | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
 ) -> LiveServer:
-    """Start a server and wait until it is ready; the caller stops it (prefer `live_server`)."""
-    port = free_port()
-    command = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)]
-    command += cli_args(model_dirs, options or {})
-    log_file = tempfile.NamedTemporaryFile(prefix="pe-serve-", suffix=".log", delete=False)  # noqa: SIM115
-    environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    process = subprocess.Popen(
-        command, cwd=REPO_ROOT, env=environment, stdout=log_file, stderr=subprocess.STDOUT
-    )
-    log_file.close()
-    server = LiveServer(process=process, base_url=f"http://127.0.0.1:{port}", log_path=Path(log_file.name))
+    """Start a server and wait until it is ready; the caller stops it (prefer `live_server`).
+
+    A port taken by someone else in the instant between choosing and binding it is retried on
+    another port, a few times, since tests of several packages may start servers at once.
+    """
+    arguments = cli_args(model_dirs, options or {})
+    for _ in range(_PORT_ATTEMPTS - 1):
+        with contextlib.suppress(PortTakenError):
+            return _start_once(arguments, env, ready_timeout_s)
+    return _start_once(arguments, env, ready_timeout_s)
+
+
+def _start_once(
+    arguments: Sequence[str], env: Mapping[str, str] | None, ready_timeout_s: float
+) -> LiveServer:
+    server = _launch(arguments, env)
     try:
         _wait_until_ready(server, ready_timeout_s)
     except BaseException:
