@@ -85,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-batch-size", type=int, metavar="N", help="sequences per forward pass (default 16)"
     )
-    parser.add_argument("--max-queue", type=int, metavar="N", help="waiting requests before 429 (default 64)")
+    parser.add_argument(
+        "--max-queue", type=int, metavar="N", help="waiting requests before 429 (default 64; 0: unbounded)"
+    )
     parser.add_argument(
         "--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (comma-separate several)"
     )
