@@ -16,6 +16,7 @@ from tests.service.api.helpers import ANY_PARAM, assert_error_shape
 ONE_MIB = 1 << 20
 GOOD: dict[str, Any] = {"prompt": "def f():", "max_new_tokens": 2}
 JSON_HEADERS = {"Content-Type": "application/json"}
+CHUNK_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,11 @@ class BadRequest:
         return json.dumps(payload).encode()
 
     def send(self, client: httpx.Client) -> httpx.Response:
-        content: bytes | Iterator[bytes] = self.body()
+        """An iterator body makes httpx send `Transfer-Encoding: chunked` with no Content-Length."""
+        data = self.body()
+        content: bytes | Iterator[bytes] = data
         if self.chunked:
-            data = self.body()
-            content = (data[start : start + 65536] for start in range(0, len(data), 65536))
+            content = (data[start : start + CHUNK_BYTES] for start in range(0, len(data), CHUNK_BYTES))
         return client.request(self.method, self.path, content=content, headers=self.headers)
 
 
