@@ -122,13 +122,21 @@ def param_from_location(location: Sequence[str | int], error_type: str) -> str |
     return ".".join(parts) or None
 
 
+# Errors about the body as a whole (absent, an array, a string) rather than one of its fields.
+_NOT_AN_OBJECT = frozenset({"missing", "model_attributes_type", "model_type", "dict_type"})
+
+
 def from_validation_error(error: RequestValidationError) -> APIError:
+    """The first problem, named by its dotted field; pydantic's wording, prefixed with the field."""
     first = error.errors()[0]
-    param = param_from_location(first.get("loc", ()), first.get("type", ""))
+    error_type = str(first.get("type", ""))
+    param = param_from_location(first.get("loc", ()), error_type)
     detail = str(first.get("msg", "invalid request"))
-    if first.get("type") == "json_invalid":
+    if error_type == "json_invalid":
         reason = first.get("ctx", {}).get("error")
         detail = f"Request body is not valid JSON: {reason}" if reason else "Request body is not valid JSON"
+    elif param is None and error_type in _NOT_AN_OBJECT:
+        detail = "Request body must be a JSON object"
     message = f"{param}: {detail}" if param else detail
     return APIError(422, message, param=param)
 
