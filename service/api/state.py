@@ -46,11 +46,6 @@ class ServiceState:
         }.get(self.phase, "the server is not ready")
         raise _unavailable(reason)
 
-    def check_alive(self) -> None:
-        """Liveness: 503 only when the process can no longer serve (the engine worker died)."""
-        if self.engine is not None and not self.engine.healthy():
-            raise _unavailable("the inference engine stopped")
-
     def mark_ready(self, engine: Engine) -> None:
         self.engine = engine
         if self.phase is Phase.LOADING:

@@ -11,15 +11,17 @@ from service.api.schemas.responses import StatusResponse
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/healthz", responses=error_responses(503))
-async def healthz(state: StateDep) -> StatusResponse:
-    """200 while the process can serve (loading and draining included); 503 if its engine died."""
-    state.check_alive()
+@router.get("/healthz")
+async def healthz() -> StatusResponse:
+    """Always 200 while the process answers HTTP (loading and draining included)."""
     return StatusResponse(status="ok")
 
 
 @router.get("/readyz", responses=error_responses(503))
 async def readyz(state: StateDep) -> StatusResponse:
-    """200 once the models are loaded and warm; 503 (error body) while loading, draining or failed."""
+    """200 once the models are loaded and warm, else 503 with the reason in the error body.
+
+    The reasons: still loading, draining, the load failed, or the engine worker died.
+    """
     state.engine_for_request()
     return StatusResponse(status="ready")
