@@ -71,6 +71,27 @@ def test_json_content_types_with_parameters_or_suffixes_are_accepted(
     assert client.post("/generate", content=body, headers={"Content-Type": content_type}).status_code == 200
 
 
+def test_the_spec_example_request_is_accepted_verbatim(client: httpx.Client) -> None:
+    spec_example = {
+        "prompt": "def fib(n):",
+        "tokens": None,
+        "model": None,
+        "pe": "rope",
+        "pe_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
+        "max_new_tokens": 64,
+        "temperature": 0.8,
+        "top_k": 0,
+        "top_p": 1.0,
+        "seed": 7,
+        "stop": ["\n\n"],
+        "stream": False,
+        "logprobs": False,
+    }
+    response = client.post("/generate", json=spec_example)
+    assert response.status_code == 200, response.text
+    assert response.json()["pe"]["scaling"]["original_max_position_embeddings"] == 256
+
+
 def test_request_id_is_echoed_or_generated(client: httpx.Client) -> None:
     assert client.get("/healthz", headers={"X-Request-ID": "trace-42"}).headers["X-Request-ID"] == "trace-42"
     generated = client.get("/healthz").headers["X-Request-ID"]
