@@ -25,6 +25,8 @@ logger = logging.getLogger("service.api.access")
 REQUEST_ID_HEADER = "X-Request-ID"
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 UNKNOWN_ENDPOINT = "other"
+# Polled every few seconds by orchestrators and scrapers: logged at debug level unless they fail.
+_PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 def _request_id(headers: Headers) -> str:
@@ -74,7 +76,9 @@ class RequestContextMiddleware:
             elapsed = time.perf_counter() - started
             endpoint = scope["path"] if scope["path"] in self.endpoints else UNKNOWN_ENDPOINT
             self.metrics.observe_request(endpoint, status, elapsed)
-            logger.info(
+            quiet = scope["path"] in _PROBE_PATHS and status < 400
+            logger.log(
+                logging.DEBUG if quiet else logging.INFO,
                 "request",
                 extra={
                     "method": scope["method"],
