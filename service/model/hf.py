@@ -106,7 +106,8 @@ def export_llama(model: Transformer, directory: Path) -> None:
     if config.pe != "rope" or config.rope_layout != "neox" or config.qkv_bias:
         raise UnsupportedCheckpointError("only neox-layout RoPE models without qkv bias map onto Llama")
     directory.mkdir(parents=True, exist_ok=True)
-    rope_parameters = {"rope_type": "default"} | dict(config.rope_scaling or {})
+    rope_parameters = dict(config.rope_scaling or {})
+    rope_parameters["rope_type"] = rope_parameters.pop("rope_type", rope_parameters.pop("type", "default"))
     rope_parameters["rope_theta"] = config.rope_base
     hf_config = {
         "architectures": ["LlamaForCausalLM"],
