@@ -124,13 +124,19 @@ def run_generate(model: Any, batch: list[tuple[int, ...]], new_tokens: int) -> M
 def interleaved_runs(
     repeats: int, runs: dict[str, Callable[[], Measurement]]
 ) -> dict[str, list[Measurement]]:
-    """`repeats` measurements per kind, the kinds taking turns so drifting machine load hits them alike."""
+    """`repeats` measurements per kind, taking turns so drifting machine load hits them alike.
+
+    The order rotates every repeat: whichever kind runs right after another (say after
+    `generate()` has churned the allocator) is not always the same one.
+    """
     for run in runs.values():
         run()  # warm-up: tables, allocator, kernel selection
-    samples: dict[str, list[Measurement]] = {kind: [] for kind in runs}
-    for _ in range(repeats):
-        for kind, run in runs.items():
-            samples[kind].append(run())
+    kinds = list(runs)
+    samples: dict[str, list[Measurement]] = {kind: [] for kind in kinds}
+    for repeat in range(repeats):
+        shift = repeat % len(kinds)
+        for kind in kinds[shift:] + kinds[:shift]:
+            samples[kind].append(runs[kind]())
     return samples
 
 
