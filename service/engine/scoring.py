@@ -11,10 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import Tensor
 
 from pe_runtime import RopeScaling
 from service.engine.errors import RequestFailedError
 from service.model.transformer import Transformer
+
+# Positions projected to the vocabulary at once: bounds the [N, V] float32 logits to a few hundred
+# MiB even for 150k-token vocabularies, whatever the input length.
+_CHUNK = 512
 
 
 def score_tokens(
@@ -26,9 +31,18 @@ def score_tokens(
     """
     device = model.embed_tokens.weight.device
     with torch.inference_mode():
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)  # [1, T]
-        logits = model(ids, scaling=scaling)[0, :-1].float()  # [T-1, V]
-        if not bool(torch.isfinite(logits).all()):
-            raise RequestFailedError("the model produced non-finite logits for this input")
-        logprobs = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]  # [T-1]
-    return [None, *logprobs.cpu().tolist()]
+        ids = torch.tensor(list(tokens), dtype=torch.long, device=device)  # [T]
+        hidden = model.final_hidden(ids[None], scaling=scaling)[0, :-1]  # [T-1, D]
+        chunks = [
+            _chunk_logprobs(model, hidden[start : start + _CHUNK], ids[start + 1 : start + 1 + _CHUNK])
+            for start in range(0, hidden.shape[0], _CHUNK)
+        ]
+    return [None, *torch.cat(chunks).cpu().tolist()]
+
+
+def _chunk_logprobs(model: Transformer, hidden: Tensor, targets: Tensor) -> Tensor:
+    """log p(target) for hidden states [N, D] and targets [N]; raises on non-finite logits."""
+    logits = model.lm_head(hidden).float()  # [N, V]
+    if not bool(torch.isfinite(logits).all()):
+        raise RequestFailedError("the model produced non-finite logits for this input")
+    return torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0]

@@ -169,11 +169,27 @@ class Transformer(nn.Module):
             logits[row] = self._recompute_row(cache, row, scalings[row], logits.shape[1])[0]
         return logits
 
+    def final_hidden(self, tokens: Tensor, *, scaling: ScalingArg = None) -> Tensor:
+        """tokens [B, T] -> normed last hidden states [B, T, d_model], before the output head.
+
+        For callers that project positions in chunks (scoring long inputs against a large vocabulary).
+        """
+        hidden: Tensor = self.norm(self._hidden(tokens, self._row_scalings(scaling, tokens.shape[0]), None))
+        return hidden
+
     def _forward(
         self, tokens: Tensor, scalings: Sequence[RopeScaling], cache: KVCache | None, last_n: int | None
     ) -> Tensor:
+        hidden = self._hidden(tokens, scalings, cache)
+        if last_n is not None:
+            hidden = hidden[:, -last_n:]
+        logits: Tensor = self.lm_head(self.norm(hidden))
+        return logits
+
+    def _hidden(self, tokens: Tensor, scalings: Sequence[RopeScaling], cache: KVCache | None) -> Tensor:
+        """The layers' output before the final norm; writes the new entries into `cache`."""
         batch, length = tokens.shape
-        hidden = self.embed_tokens(tokens)  # [B, T, D]
+        hidden: Tensor = self.embed_tokens(tokens)  # [B, T, D]
         past_lengths = cache.lengths if cache is not None else [0] * batch
         positions = self.positions(length, past_lengths, scalings, device=tokens.device, dtype=hidden.dtype)
         if positions.absolute is not None:
@@ -182,10 +198,7 @@ class Transformer(nn.Module):
             cache.reserve(length)
         for index, layer in enumerate(self.layers):
             hidden = layer(hidden, positions, cache, index)
-        if last_n is not None:
-            hidden = hidden[:, -last_n:]
-        logits: Tensor = self.lm_head(self.norm(hidden))
-        return logits
+        return hidden  # [B, T, D]
 
     def _recompute_row(self, cache: KVCache, row: int, scaling: RopeScaling, last_n: int) -> Tensor:
         """Rebuild one row's entries from its tokens under its current table; logits [1, last_n, V]."""

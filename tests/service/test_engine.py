@@ -191,6 +191,17 @@ def test_scoring_is_the_plain_function_and_agrees_with_generation_logprobs(rope_
     assert max(abs(a - b) for a, b in zip(tail, generated.logprobs, strict=True) if a is not None) <= 1e-4
 
 
+def test_scoring_in_chunks_equals_one_log_softmax_over_all_positions() -> None:
+    model = tiny_transformer(native_context=NATIVE)
+    tokens = torch.randint(0, 258, (700,), generator=torch.Generator().manual_seed(5))  # > one chunk
+    with torch.inference_mode():
+        logprobs = torch.log_softmax(model(tokens[None], scaling=SCALINGS["yarn"])[0, :-1], dim=-1)
+    expected = logprobs.gather(1, tokens[1:, None])[:, 0]
+    scored = score_tokens(model, tokens.tolist(), SCALINGS["yarn"])
+    assert scored[0] is None and len(scored) == 700
+    assert torch.allclose(torch.tensor(scored[1:]), expected, atol=1e-5)
+
+
 def test_stop_strings_and_eos_end_a_generation(
     rope_dir: Path, make_tiny_checkpoint: TinyCheckpointFactory
 ) -> None:
