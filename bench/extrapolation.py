@@ -76,11 +76,23 @@ SETTINGS = (
 
 @dataclass(frozen=True)
 class Cell:
-    """Bits per byte over the last `TAIL` positions and over all positions, or why it could not run."""
+    """Bits per byte over the last `TAIL` positions and over all positions, or why it could not run.
+
+    `tail_bits_short` scores the same bytes as `tail_bits` in the shortest windows: the tails of
+    different lengths fall on different text, so only this pairing isolates the effect of the
+    longer context from how hard those particular bytes are.
+    """
 
     tail_bits: float | None = None
     all_bits: float | None = None
+    tail_bits_short: float | None = None
     refusal: str | None = None
+
+    @property
+    def tail_change(self) -> float | None:
+        if self.tail_bits is None or self.tail_bits_short is None:
+            return None
+        return self.tail_bits - self.tail_bits_short
 
 
 Results = dict[Setting, dict[int, Cell]]
@@ -97,28 +109,50 @@ def score_window(
     return [value for value in final.token_logprobs[1:] if value is not None]
 
 
-def measure(engine: InferenceEngine, setting: Setting, windows: torch.Tensor) -> Cell:
-    """Score every window `[N, L]` of one length under one setting."""
+def score_bits(engine: InferenceEngine, setting: Setting, windows: torch.Tensor) -> torch.Tensor:
+    """Bits for tokens 1..L-1 of every window `[N, L]` under one setting, `[N, L - 1]`.
+
+    Raises the engine's InvalidRequestError when the setting cannot run at this length.
+    """
     model = engine.resolve_model(None, setting.scheme)
     scaling = setting.rope_scaling(windows.shape[1], model.native_context)
-    try:
-        logprobs = torch.tensor(
-            [score_window(engine, model.name, window.tolist(), scaling) for window in windows]
-        )
-    except InvalidRequestError as refusal:
-        return Cell(refusal=refusal.message)
-    bits = -logprobs / math.log(2.0)  # [N, L - 1]
-    return Cell(tail_bits=bits[:, -TAIL:].mean().item(), all_bits=bits.mean().item())
+    logprobs = torch.tensor(
+        [score_window(engine, model.name, window.tolist(), scaling) for window in windows]
+    )
+    return -logprobs / math.log(2.0)
+
+
+def summarise(bits: torch.Tensor, shortest: torch.Tensor | None) -> Cell:
+    """A cell from `bits` `[N, L - 1]` and the same text's `shortest` window bits `[M, S - 1]`.
+
+    Windows of every length start at the same offset, so the last S bytes of long window j are
+    short window (j + 1) * L / S - 1; its S - 1 scored bytes stand in for the tail's S.
+    """
+    tail_bits_short = None
+    if shortest is not None:
+        per_window = (bits.shape[1] + 1) // (shortest.shape[1] + 1)
+        tail_bits_short = shortest[per_window - 1 :: per_window][: bits.shape[0]].mean().item()
+    return Cell(bits[:, -TAIL:].mean().item(), bits.mean().item(), tail_bits_short)
 
 
 def run(engine: InferenceEngine, stream: torch.Tensor, lengths: Sequence[int]) -> Results:
-    """Every setting at every length; progress goes to stderr because a full run takes minutes."""
+    """Every setting at every length (shortest first, multiples of it, all cut from `stream`).
+
+    Progress goes to stderr because a full run takes minutes.
+    """
     results: Results = {}
     for setting in SETTINGS:
         results[setting] = {}
+        shortest: torch.Tensor | None = None
         for length in lengths:
             started = time.perf_counter()
-            cell = measure(engine, setting, consecutive_windows(stream, length))
+            try:
+                bits = score_bits(engine, setting, consecutive_windows(stream, length))
+            except InvalidRequestError as refusal:
+                cell = Cell(refusal=refusal.message)
+            else:
+                shortest = bits if length == lengths[0] else shortest
+                cell = summarise(bits, shortest)
             results[setting][length] = cell
             shown = "refused" if cell.refusal else f"{cell.tail_bits:.3f} / {cell.all_bits:.3f}"
             print(
@@ -129,24 +163,19 @@ def run(engine: InferenceEngine, stream: torch.Tensor, lengths: Sequence[int]) -
 
 
 def markdown_table(
-    results: Results, lengths: Sequence[int], value: str, *, change: bool = False
+    results: Results, lengths: Sequence[int], value: str, *, signed: bool = False
 ) -> list[str]:
-    """One row per setting, one column per length; refused cells read "refused" (see notes).
+    """One row per setting, one column per length, cells the `Cell` attribute `value`.
 
-    With `change`, cells show the difference from the setting's value at the first length, which
-    is how much running past the trained context cost.
+    Refused cells read "refused" (the notes below the tables quote the engine's reason).
     """
     lines = ["| scheme / scaling | " + " | ".join(str(length) for length in lengths) + " |"]
     lines.append("|---|" + "---:|" * len(lengths))
     for setting, cells in results.items():
-        baseline = getattr(cells[lengths[0]], value) if change else 0.0
         shown = []
         for length in lengths:
             bits = getattr(cells[length], value)
-            if bits is None or baseline is None:
-                shown.append("refused")
-            else:
-                shown.append(f"{bits - baseline:+.3f}" if change else f"{bits:.3f}")
+            shown.append("refused" if bits is None else f"{bits:+.3f}" if signed else f"{bits:.3f}")
         lines.append(f"| {setting.label} | " + " | ".join(shown) + " |")
     return lines
 
@@ -189,9 +218,11 @@ def render_markdown(
         "",
         *markdown_table(results, lengths, "tail_bits"),
         "",
-        f"## Change from {lengths[0]}, last {TAIL} positions",
+        f"## Last {TAIL} positions: change against the same bytes scored in {lengths[0]}-byte windows",
         "",
-        *markdown_table(results, lengths, "tail_bits", change=True),
+        "Negative: the longer context helped; positive: running past the trained context hurt.",
+        "",
+        *markdown_table(results, lengths, "tail_change", signed=True),
         "",
         "## All positions",
         "",
@@ -213,8 +244,8 @@ def render_markdown(
 
 
 def plot(results: Results, lengths: Sequence[int], path: Path) -> None:
-    """Two panels (tail, all positions), one line per setting; refused points are left out."""
-    figure, axes = plt.subplots(1, 2, figsize=(13, 5.5), sharey=True)
+    """Three panels (tail, tail change, all positions), one line per setting; refusals left out."""
+    figure, axes = plt.subplots(1, 3, figsize=(19, 5.5))
     colours = {scheme: f"C{index}" for index, scheme in enumerate(ZOO_SCHEMES)}
     styles = {
         "none": "-",
@@ -224,10 +255,12 @@ def plot(results: Results, lengths: Sequence[int], path: Path) -> None:
         "yarn": (0, (5, 1)),
         "llama3": (0, (1, 3)),
     }
-    for axis, value, title in (
-        (axes[0], "tail_bits", f"last {TAIL} positions"),
-        (axes[1], "all_bits", "all positions"),
-    ):
+    panels = (
+        ("tail_bits", f"last {TAIL} positions: bits per byte"),
+        ("tail_change", f"last {TAIL} positions: change vs. same bytes at {lengths[0]}"),
+        ("all_bits", "all positions: bits per byte"),
+    )
+    for axis, (value, title) in zip(axes, panels, strict=True):
         for setting, cells in results.items():
             points = [(length, getattr(cells[length], value)) for length in lengths]
             points = [(length, bits) for length, bits in points if bits is not None]
@@ -247,7 +280,7 @@ def plot(results: Results, lengths: Sequence[int], path: Path) -> None:
         axis.set_title(title)
         axis.grid(True, alpha=0.3)
     axes[0].set_ylabel("held-out bits per byte")
-    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.suptitle(f"Zoo models trained at {TRAINED_CONTEXT} bytes")
     figure.tight_layout()
     figure.savefig(path, dpi=120)

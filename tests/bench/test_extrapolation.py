@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.extrapolation import SETTINGS, Cell, Setting, markdown_table, measure, plot, refusals, run
+from bench.extrapolation import SETTINGS, Cell, Setting, markdown_table, plot, refusals, run, summarise
 from service.engine.engine import InferenceEngine
-from training.corpus import consecutive_windows
 
 NATIVE = 64
 
@@ -44,37 +43,40 @@ def test_every_zoo_scheme_runs_unscaled_and_rope_runs_every_scaling() -> None:
 def test_tail_equals_all_positions_at_the_native_length(
     engine: InferenceEngine, stream: torch.Tensor
 ) -> None:
-    cell = measure(engine, Setting("rope", "none"), consecutive_windows(stream, NATIVE))
+    cell = run(engine, stream, (NATIVE,))[Setting("rope", "none")][NATIVE]
     assert cell.tail_bits == pytest.approx(cell.all_bits)
+    assert cell.tail_change == pytest.approx(0.0)
     assert cell.tail_bits is not None and 0 < cell.tail_bits < 16
 
 
-def test_learned_positions_are_refused_past_their_table_unless_interpolated(
-    engine: InferenceEngine, stream: torch.Tensor
-) -> None:
-    windows = consecutive_windows(stream, 2 * NATIVE)
-    refused = measure(engine, Setting("learned", "none"), windows)
-    interpolated = measure(engine, Setting("learned", "linear"), windows)
-    assert refused.refusal is not None and refused.tail_bits is None
-    assert interpolated.refusal is None and interpolated.tail_bits is not None
+def test_tails_are_paired_with_the_short_windows_holding_the_same_bytes() -> None:
+    shortest = torch.tensor([[1.0] * 3, [2.0] * 3, [3.0] * 3, [4.0] * 3])  # four 4-byte windows
+    cell = summarise(torch.full((2, 7), 5.0), shortest)  # two 8-byte windows: tails = short windows 1 and 3
+    assert (cell.tail_bits, cell.all_bits, cell.tail_bits_short) == (5.0, 5.0, 3.0)
+    assert cell.tail_change == 2.0
+    assert summarise(torch.full((2, 7), 5.0), None).tail_change is None
 
 
-def test_report_marks_refusals_and_the_plot_is_written(
+def test_learned_positions_are_refused_past_their_table_and_the_report_says_so(
     engine: InferenceEngine, stream: torch.Tensor, tmp_path: Path
 ) -> None:
     lengths = (NATIVE, 2 * NATIVE)
     results = run(engine, stream, lengths)
-    learned = results[Setting("learned", "none")]
-    assert learned[NATIVE].refusal is None and learned[2 * NATIVE].refusal is not None
-    table = markdown_table(results, lengths, "tail_bits", change=True)
-    assert "| learned / none | +0.000 | refused |" in table
+    refused, interpolated = results[Setting("learned", "none")], results[Setting("learned", "linear")]
+    assert refused[NATIVE].refusal is None and refused[2 * NATIVE].refusal is not None
+    assert interpolated[2 * NATIVE].refusal is None and interpolated[2 * NATIVE].tail_change is not None
+    assert "| learned / none | +0.000 | refused |" in markdown_table(
+        results, lengths, "tail_change", signed=True
+    )
     assert any("learned / none" in note and "128" in note for note in refusals(results))
     plot(results, lengths, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 10_000
 
 
-def test_change_table_is_relative_to_the_first_length() -> None:
-    results = {Setting("alibi", "none"): {1: Cell(3.0, 3.0), 2: Cell(3.25, 3.1)}}
+def test_tables_format_each_cell_attribute() -> None:
+    results = {Setting("alibi", "none"): {1: Cell(3.0, 3.0, 3.0), 2: Cell(3.25, 3.1, 3.0)}}
+    assert markdown_table(results, (1, 2), "all_bits")[-1] == "| alibi / none | 3.000 | 3.100 |"
     assert (
-        markdown_table(results, (1, 2), "tail_bits", change=True)[-1] == "| alibi / none | +0.000 | +0.250 |"
+        markdown_table(results, (1, 2), "tail_change", signed=True)[-1]
+        == "| alibi / none | +0.000 | +0.250 |"
     )
