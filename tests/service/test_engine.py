@@ -316,3 +316,12 @@ def test_async_iteration_and_drain(rope_dir: Path) -> None:
         with pytest.raises(EngineDrainingError):
             engine.submit(generation(2))
         assert engine.stats().generated_tokens_total == 10
+
+
+def test_shutdown_fails_what_is_still_queued(rope_dir: Path) -> None:
+    with running_engine([rope_dir], start=False) as engine:
+        queued = engine.submit(generation(0))
+        engine.shutdown()
+        with pytest.raises(EngineDrainingError):
+            list(queued)
+        assert engine.stats().queue_depth == 0
