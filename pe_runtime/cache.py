@@ -129,15 +129,23 @@ class PECache:
         return self._fetch("alibi_slopes", target, (num_heads, dtype), 1, build).tensors[0]
 
     def sinusoidal(
-        self, length: int, dim: int, *, device: torch.device | str, dtype: torch.dtype
+        self,
+        length: int,
+        dim: int,
+        *,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        factor: float = 1.0,
     ) -> torch.Tensor:
-        """The sinusoidal position table [length, dim]."""
+        """The sinusoidal position table [length, dim], read at position / factor."""
         target = _canonical_device(device)
 
         def build(capacity: int) -> _Entry:
-            return _entry((sinusoidal_table(capacity, dim, device=target).to(dtype),), capacity)
+            table = sinusoidal_table(capacity, dim, factor=factor, device=target)
+            return _entry((table.to(dtype),), capacity)
 
-        return self._fetch("sinusoidal", target, (dim, dtype), length, build).tensors[0][:length]
+        params = (dim, float(factor), dtype)
+        return self._fetch("sinusoidal", target, params, length, build).tensors[0][:length]
 
     def t5_buckets(
         self,

@@ -8,7 +8,6 @@ their RoPE scaling, which is what lets one forward pass serve requests with diff
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -190,11 +189,11 @@ class PositionalEncoding(nn.Module):
 
     def _absolute_table(self, factor: float, needed: int, device: torch.device) -> Tensor:
         """A table of at least `needed` rows, read at position / factor (linear interpolation)."""
-        if self.learned_table is not None:
-            table = self.learned_table.weight
-        else:
-            length = needed if factor == 1.0 else math.ceil(needed / factor) + 1
-            table = self.cache.sinusoidal(length, self.config.d_model, device=device, dtype=torch.float32)
+        if self.learned_table is None:
+            return self.cache.sinusoidal(
+                needed, self.config.d_model, device=device, dtype=torch.float32, factor=factor
+            )
+        table = self.learned_table.weight
         table = table if factor == 1.0 else interpolate_learned(table, factor)
         if table.shape[0] < needed:
             raise PEConfigError(

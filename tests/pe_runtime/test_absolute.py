@@ -18,6 +18,18 @@ def test_sinusoidal_matches_distilbert(dim: int) -> None:
     torch.testing.assert_close(table, expected, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("factor", [2.0, 4.0, 2.5])
+def test_sinusoidal_interpolation_is_exact_at_fractional_positions(factor: float) -> None:
+    stretched = sinusoidal_table(40, 16, factor=factor)
+    if factor.is_integer():  # every factor-th row is an original integer position
+        step = int(factor)
+        torch.testing.assert_close(stretched[::step], sinusoidal_table(40 // step, 16), rtol=0, atol=1e-6)
+    angles = torch.arange(40, dtype=torch.float64)[:, None] / factor
+    inv_freq = torch.exp(torch.arange(0, 16, 2, dtype=torch.float64) * (-torch.log(torch.tensor(1e4)) / 16))
+    torch.testing.assert_close(stretched[:, 0::2].double(), (angles * inv_freq).sin(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(stretched[:, 1::2].double(), (angles * inv_freq).cos(), rtol=0, atol=1e-5)
+
+
 def test_sinusoidal_on_meta_device_has_the_shape_only() -> None:
     table = sinusoidal_table(10, 16, device="meta")
     assert table.device.type == "meta" and table.shape == (10, 16)
