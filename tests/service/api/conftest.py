@@ -1,7 +1,8 @@
 """A shared live server over the tiny random-weight checkpoints of tests/conftest.py.
 
-The server is a real `pe-serve` process on a loopback port (see tests/live_server.py); it is
-module-scoped, so each test module pays one start-up.
+The server is a real `pe-serve` process on a loopback port (see tests/live_server.py), shared by
+every module that uses the default configuration (one start-up for all of them); modules that
+need other settings start their own.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def tiny_zoo(tiny_checkpoints: dict[str, Path]) -> list[Path]:
     return list(tiny_checkpoints.values())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(tiny_zoo: list[Path]) -> Iterator[LiveServer]:
     with live_server(tiny_zoo, options=BASE_OPTIONS, env=SERVER_ENV) as running:
         yield running

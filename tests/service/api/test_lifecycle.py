@@ -17,7 +17,7 @@ from tests.service.api.helpers import assert_error_shape, metric_value, wait_for
 
 LONG_CONTEXT = 4096
 # Long enough to still be running after the signal, short enough to finish within the grace time.
-IN_FLIGHT = {"prompt": "a", "max_new_tokens": 1500, "temperature": 0}
+IN_FLIGHT = {"prompt": "a", "max_new_tokens": 1000, "temperature": 0}
 PROBE_ID = {"X-Request-ID": "refused-while-draining"}
 
 
