@@ -33,7 +33,11 @@ def save_checkpoint(
         for key, value in model.state_dict().items()
         if not (model.config.tie_embeddings and key == _TIED_HEAD)
     }
-    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    weights = directory / WEIGHTS_FILE
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    # safetensors creates the file owner-only (0600); a server running as another user (the
+    # container's non-root user reading a mounted models volume) must be able to read it.
+    weights.chmod(0o644)
 
 
 def is_checkpoint(directory: Path) -> bool:

@@ -33,6 +33,12 @@ def test_round_trip_is_exact_for_every_scheme(tmp_path: Path, scheme: str) -> No
     assert read_config(tmp_path / "m") == ("tiny", model.config)
 
 
+def test_files_are_readable_by_other_users(tmp_path: Path) -> None:
+    save_checkpoint(tiny(), tmp_path)
+    for path in tmp_path.iterdir():
+        assert path.stat().st_mode & 0o044 == 0o044, path.name
+
+
 def test_tied_head_is_stored_once_and_tied_again(tmp_path: Path) -> None:
     save_checkpoint(tiny(tie_embeddings=True), tmp_path)
     with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as tensors:
