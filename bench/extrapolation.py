@@ -243,25 +243,22 @@ def render_markdown(
     return "\n".join(lines)
 
 
+def spread_colour(index: int, colours: int) -> int:
+    """tab20 pairs a dark and a light shade per hue: take every dark one first, then the light."""
+    return (2 * index) % colours + (2 * index) // colours
+
+
 def plot(results: Results, lengths: Sequence[int], path: Path) -> None:
     """Three panels (tail, tail change, all positions), one line per setting; refusals left out."""
     figure, axes = plt.subplots(1, 3, figsize=(19, 5.5))
-    colours = {scheme: f"C{index}" for index, scheme in enumerate(ZOO_SCHEMES)}
-    styles = {
-        "none": "-",
-        "linear": "--",
-        "ntk": ":",
-        "dynamic": "-.",
-        "yarn": (0, (5, 1)),
-        "llama3": (0, (1, 3)),
-    }
+    palette = plt.get_cmap("tab20")
     panels = (
         ("tail_bits", f"last {TAIL} positions: bits per byte"),
         ("tail_change", f"last {TAIL} positions: change vs. same bytes at {lengths[0]}"),
         ("all_bits", "all positions: bits per byte"),
     )
     for axis, (value, title) in zip(axes, panels, strict=True):
-        for setting, cells in results.items():
+        for index, (setting, cells) in enumerate(results.items()):
             points = [(length, getattr(cells[length], value)) for length in lengths]
             points = [(length, bits) for length, bits in points if bits is not None]
             if points:
@@ -270,8 +267,8 @@ def plot(results: Results, lengths: Sequence[int], path: Path) -> None:
                     xs,
                     ys,
                     marker="o",
-                    color=colours[setting.scheme],
-                    linestyle=styles[setting.scaling],
+                    color=palette(spread_colour(index, palette.N)),
+                    linestyle="-" if setting.scaling == "none" else "--",
                     label=setting.label,
                 )
         axis.set_xscale("log", base=2)
