@@ -6,13 +6,12 @@ resolved, in `service.api.inputs`; everything knowable from the body alone is ch
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.api.schemas.scaling import PEScaling
-
-Scheme = Literal["learned", "sinusoidal", "rope", "alibi", "t5_bias", "nope"]
+from service.engine.types import Scheme
 
 MAX_SEED = 2**63 - 1
 MAX_STOP_SEQUENCES = 8
