@@ -1,7 +1,7 @@
 """`pe-serve` / `python -m service`: parse flags, build the app, run uvicorn with a draining stop.
 
 SIGTERM (or Ctrl-C) does not stop the server at once: `/readyz` turns 503, new requests get 503,
-running ones finish (up to `--drain-timeout` seconds), and only then does uvicorn shut down and
+running ones finish (up to `--drain-timeout-s` seconds), and only then does uvicorn shut down and
 the process exit 0. A second signal stops it immediately.
 """
 
@@ -24,7 +24,7 @@ from service.api.state import Phase, ServiceState
 from service.settings import Device, DType, LogLevel, Settings
 
 # Seconds uvicorn waits for open connections once the drain is over; responses are complete by then.
-_CONNECTION_GRACE_S = 5.0
+_CONNECTION_GRACE_S = 5
 
 
 class DrainingServer(uvicorn.Server):
@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         port=settings.port,
         log_config=logging_config(settings.log_level),
         access_log=False,
-        timeout_graceful_shutdown=int(_CONNECTION_GRACE_S),
+        timeout_graceful_shutdown=_CONNECTION_GRACE_S,
         server_header=False,
     )
     DrainingServer(config, state).run()
