@@ -22,6 +22,10 @@ class ModelConfig:
     `rope_scaling` is kept in Hugging Face's dict form (with `rope_type`) so a checkpoint's config
     stays readable by people who know that format; it is the model's default scaling, which a
     request's own scaling replaces.
+
+    `embedding_scale` multiplies token embeddings before an absolute position table is added:
+    a sinusoidal table has unit-scale entries, so small-initialised embeddings would otherwise be
+    swamped by position (Vaswani et al. scale by sqrt(d_model) for the same reason).
     """
 
     vocab_size: int = 258
@@ -45,6 +49,7 @@ class ModelConfig:
     head_dim_override: int | None = None
     qkv_bias: bool = False
     sliding_window: int | None = None
+    embedding_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.pe not in SCHEMES:

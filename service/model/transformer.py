@@ -189,7 +189,7 @@ class Transformer(nn.Module):
     def _hidden(self, tokens: Tensor, scalings: Sequence[RopeScaling], cache: KVCache | None) -> Tensor:
         """The layers' output before the final norm; writes the new entries into `cache`."""
         batch, length = tokens.shape
-        hidden: Tensor = self.embed_tokens(tokens)  # [B, T, D]
+        hidden: Tensor = self.embed_tokens(tokens) * self.config.embedding_scale  # [B, T, D]
         past_lengths = cache.lengths if cache is not None else [0] * batch
         positions = self.positions(length, past_lengths, scalings, device=tokens.device, dtype=hidden.dtype)
         if positions.absolute is not None:
