@@ -33,8 +33,21 @@ class Sampler:
 
     def draw(self, logits: Tensor) -> int:
         """A random token from float32 logits [vocab] after temperature, top-k and top-p."""
-        filtered = _top_p(_top_k(logits / self.params.temperature, self.params.top_k), self.params.top_p)
+        filtered = _top_p(
+            _top_k(_tempered(logits, self.params.temperature), self.params.top_k), self.params.top_p
+        )
         return int(torch.multinomial(torch.softmax(filtered, dim=-1), 1, generator=self.generator))
+
+
+def _tempered(logits: Tensor, temperature: float) -> Tensor:
+    """logits / temperature, finite for any temperature > 0 however small.
+
+    Shifting by the maximum first makes every entry <= 0, so a tiny temperature sends the others
+    to -inf (the greedy limit) instead of overflowing; the floor keeps a temperature that rounds
+    to zero in float32 from turning the maximum into 0 / 0.
+    """
+    shifted = logits - logits.max()
+    return shifted / max(temperature, torch.finfo(logits.dtype).tiny)
 
 
 def sample_rows(samplers: Sequence[Sampler], logits: Tensor) -> list[tuple[int, float]]:
@@ -67,5 +80,6 @@ def _top_p(logits: Tensor, p: float) -> Tensor:
     cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
     # A token is dropped when the tokens before it already reach p; the most likely always stays.
     dropped_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= p
+    dropped_sorted[0] = False  # p may round to 0 in float32
     dropped = torch.zeros_like(dropped_sorted).scatter(0, order, dropped_sorted)
     return logits.masked_fill(dropped, float("-inf"))

@@ -25,6 +25,15 @@ def test_greedy_takes_the_argmax_and_reports_the_raw_logprob() -> None:
     assert logprob == pytest.approx(float(torch.log_softmax(LOGITS, -1)[1]))
 
 
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(temperature=1e-300, seed=3), SamplingParams(top_p=1e-300, seed=3)],
+    ids=["temperature-underflows-float32", "top-p-underflows-float32"],
+)
+def test_tiny_positive_knobs_reach_the_greedy_limit(params: SamplingParams) -> None:
+    assert set(draws(params)) == {1}
+
+
 def test_logprobs_ignore_temperature_and_filters() -> None:
     sampler = Sampler(SamplingParams(temperature=0.3, top_k=2, top_p=0.5, seed=1))
     raw = torch.log_softmax(LOGITS, -1)
