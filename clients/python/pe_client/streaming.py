@@ -79,6 +79,7 @@ class Stream(_StreamState):
         super().__init__()
         self._open_response = open_response
         self._response: httpx.Response | None = None
+        self._events: Iterator[StreamEvent] | None = None
 
     def _response_opened(self) -> httpx.Response:
         if self._response is None:
@@ -95,6 +96,16 @@ class Stream(_StreamState):
         self.close()
 
     def __iter__(self) -> Iterator[StreamEvent]:
+        return self
+
+    def __next__(self) -> StreamEvent:
+        # One generator for the stream's life: `next(iter(stream))` must not drop (and so close)
+        # a fresh generator each time, or reading one event would end the generation.
+        if self._events is None:
+            self._events = self._read_events()
+        return next(self._events)
+
+    def _read_events(self) -> Iterator[StreamEvent]:
         response = self._response_opened()
         try:
             for line in response.iter_lines():
@@ -122,6 +133,7 @@ class AsyncStream(_StreamState):
         super().__init__()
         self._open_response = open_response
         self._response: httpx.Response | None = None
+        self._events: AsyncIterator[StreamEvent] | None = None
 
     async def _response_opened(self) -> httpx.Response:
         if self._response is None:
@@ -137,7 +149,15 @@ class AsyncStream(_StreamState):
     ) -> None:
         await self.close()
 
-    async def __aiter__(self) -> AsyncIterator[StreamEvent]:
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if self._events is None:
+            self._events = self._read_events()
+        return await anext(self._events)
+
+    async def _read_events(self) -> AsyncIterator[StreamEvent]:
         response = await self._response_opened()
         try:
             async for line in response.aiter_lines():
