@@ -253,8 +253,10 @@ class InferenceEngine:
             or len(batch) + sum(map(len, starting.values())) < self.max_batch_size
         ):
             job = waiting.popleft()
-            with self._lock:
+            starts_generating = not job.handle.cancelled and not isinstance(job.request, ScoreRequest)
+            with self._lock:  # one step from queued to running: stats never show the job in neither
                 self._queued -= 1
+                self._running += int(starts_generating)
             if job.handle.cancelled:
                 job.handle.push(RequestCancelledError("the request was cancelled before it started"))
             elif isinstance(job.request, ScoreRequest):
@@ -294,8 +296,6 @@ class InferenceEngine:
         started = time.perf_counter()
         for sequence in sequences:
             sequence.started_at = started
-        with self._lock:
-            self._running += len(sequences)
         try:
             self._accept_rows(sequences, batch.prefill(sequences))
         except Exception:
