@@ -28,7 +28,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 typecheck: $(STAMP)
-	$(BIN)/mypy pe_runtime service training bench clients/python/pe_client
+	$(BIN)/mypy pe_runtime service training bench clients/python/pe_client tests
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest
