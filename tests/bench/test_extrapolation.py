@@ -33,6 +33,15 @@ def test_scaled_settings_stretch_by_length_over_native_context() -> None:
     assert Setting("alibi", "none").rope_scaling(4 * NATIVE, NATIVE).type == "none"
 
 
+def test_ablation_settings_carry_their_changes_into_the_scaling_and_the_label() -> None:
+    yarn = Setting("rope", "yarn", overrides=(("beta_fast", 8.0),))
+    ntk = Setting("rope", "ntk", factor_multiplier=4.0)
+    assert yarn.rope_scaling(4 * NATIVE, NATIVE).beta_fast == 8.0
+    assert ntk.rope_scaling(4 * NATIVE, NATIVE).factor == 16.0
+    assert (yarn.label, ntk.label) == ("rope / yarn (beta_fast=8)", "rope / ntk (factor x4)")
+    assert {yarn, ntk} <= set(SETTINGS)
+
+
 def test_every_zoo_scheme_runs_unscaled_and_rope_runs_every_scaling() -> None:
     labels = {setting.label for setting in SETTINGS}
     assert {"rope / none", "alibi / none", "t5_bias / none", "nope / none", "learned / none"} <= labels
