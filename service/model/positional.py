@@ -8,6 +8,7 @@ their RoPE scaling, which is what lets one forward pass serve requests with diff
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -32,6 +33,10 @@ SUPPORTED_SCALINGS: dict[Scheme, tuple[str, ...]] = {
 
 
 _Key = TypeVar("_Key", bound=Hashable)
+
+# Stretched learned tables kept per model: a handful of factors covers real traffic, and the bound
+# stops a client cycling through factors from growing memory.
+STRETCHED_TABLES_KEPT = 8
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,7 @@ class PositionalEncoding(nn.Module):
         self.t5_table = (
             nn.Embedding(config.t5_num_buckets, config.n_heads) if config.pe == "t5_bias" else None
         )
+        self._stretched: OrderedDict[float, tuple[Hashable, Tensor]] = OrderedDict()
 
     def check_scaling(self, scaling: RopeScaling) -> None:
         """Refuse a scaling this scheme cannot apply rather than silently ignoring it."""
@@ -194,7 +200,7 @@ class PositionalEncoding(nn.Module):
                 needed, self.config.d_model, device=device, dtype=torch.float32, factor=factor
             )
         table = self.learned_table.weight
-        table = table if factor == 1.0 else interpolate_learned(table, factor)
+        table = table if factor == 1.0 else self._stretched_learned(table, factor)
         if table.shape[0] < needed:
             raise PEConfigError(
                 f"position {needed - 1} is past the learned table ({table.shape[0]} positions); "
@@ -202,6 +208,27 @@ class PositionalEncoding(nn.Module):
                 field="factor",
             )
         return table
+
+    def _stretched_learned(self, weight: Tensor, factor: float) -> Tensor:
+        """The learned table `weight` interpolated by `factor`, computed once per weights and factor.
+
+        Decoding would otherwise redo the interpolation every step, which costs more than half a
+        one-token forward pass of a zoo model. The cache is skipped while gradients flow into
+        the table (training) and is keyed by the weights' storage, dtype and in-place version,
+        so an optimiser step, `load_state_dict` or `.to()` recomputes it. Weights created inside
+        inference mode have no version counter, so they are never cached.
+        """
+        if weight.is_inference() or (torch.is_grad_enabled() and weight.requires_grad):
+            return interpolate_learned(weight, factor)
+        fingerprint = (weight.data_ptr(), weight.dtype, weight.device, weight._version)
+        cached = self._stretched.get(factor)
+        if cached is None or cached[0] != fingerprint:
+            cached = (fingerprint, interpolate_learned(weight.detach(), factor))
+            self._stretched[factor] = cached
+            while len(self._stretched) > STRETCHED_TABLES_KEPT:
+                self._stretched.popitem(last=False)
+        self._stretched.move_to_end(factor)
+        return cached[1]
 
 
 def _gather_rows(tables: Mapping[_Key, Tensor], row_keys: Sequence[_Key], positions: Tensor) -> Tensor:
