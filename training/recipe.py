@@ -13,13 +13,14 @@ from service.model.config import ModelConfig, Scheme
 
 ZOO_SCHEMES: tuple[Scheme, ...] = ("rope", "alibi", "sinusoidal", "learned", "t5_bias", "nope")
 TRAINED_CONTEXT = 256
+D_MODEL = 192
 
 
 def zoo_model_config(scheme: Scheme) -> ModelConfig:
     """About 1.8M parameters: small enough to train in minutes on two CPU cores."""
     return ModelConfig(
         vocab_size=258,
-        d_model=192,
+        d_model=D_MODEL,
         n_layers=4,
         n_heads=6,
         n_kv_heads=6,
@@ -27,7 +28,7 @@ def zoo_model_config(scheme: Scheme) -> ModelConfig:
         tie_embeddings=True,
         pe=scheme,
         native_context=TRAINED_CONTEXT,
-        embedding_scale=192**0.5 if scheme == "sinusoidal" else 1.0,
+        embedding_scale=D_MODEL**0.5 if scheme == "sinusoidal" else 1.0,
     )
 
 

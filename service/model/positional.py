@@ -221,13 +221,12 @@ class PositionalEncoding(nn.Module):
         if weight.is_inference() or (torch.is_grad_enabled() and weight.requires_grad):
             return interpolate_learned(weight, factor)
         fingerprint = (weight.data_ptr(), weight.dtype, weight.device, weight._version)
-        cached = self._stretched.get(factor)
+        cached = self._stretched.pop(factor, None)
         if cached is None or cached[0] != fingerprint:
             cached = (fingerprint, interpolate_learned(weight.detach(), factor))
-            self._stretched[factor] = cached
-            while len(self._stretched) > STRETCHED_TABLES_KEPT:
-                self._stretched.popitem(last=False)
-        self._stretched.move_to_end(factor)
+        self._stretched[factor] = cached  # re-inserted: the most recently used is last
+        if len(self._stretched) > STRETCHED_TABLES_KEPT:
+            self._stretched.popitem(last=False)
         return cached[1]
 
 
