@@ -6,6 +6,10 @@ next power of two when a longer length is asked for (amortised growth), shorter 
 of the same storage, and each device has its own byte budget with least-recently-used eviction.
 Tables are built outside the lock so one slow build (a 64k table on CPU) does not stall hits on
 other keys; two threads racing on the same key may both build, and the larger table wins.
+
+Tables that depend on a sequence's length (dynamic NTK, LongRoPE past the original context) live
+in a partition of their own with its own, smaller budget: a stream of requests at ever new lengths
+churns only that partition and never evicts the static tables every other request reads.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pe_runtime.scaling import RopeScaling
 from pe_runtime.t5 import t5_relative_position_bucket
 
 DEFAULT_BUDGET_BYTES_PER_DEVICE = 512 * 1024 * 1024
+DEFAULT_LENGTH_DEPENDENT_BUDGET_BYTES_PER_DEVICE = 64 * 1024 * 1024
 
 _UNSCALED = RopeScaling()
 
@@ -61,6 +66,7 @@ class _Entry:
 
 _Builder = Callable[[int], _Entry]
 _Key = tuple[str, str, Hashable]
+_Partition = tuple[str, bool]  # (device label, length-dependent)
 
 
 class PECache:
@@ -71,15 +77,21 @@ class PECache:
         self,
         budget_bytes_per_device: int = DEFAULT_BUDGET_BYTES_PER_DEVICE,
         *,
+        length_dependent_budget_bytes_per_device: int = DEFAULT_LENGTH_DEPENDENT_BUDGET_BYTES_PER_DEVICE,
         registry: CollectorRegistry | None = REGISTRY,
     ) -> None:
         """`registry=None` keeps the counters private (readable through `stats()` only)."""
-        if budget_bytes_per_device < 0:
-            raise ValueError(f"budget_bytes_per_device must be >= 0, got {budget_bytes_per_device}")
+        for name, budget in (
+            ("budget_bytes_per_device", budget_bytes_per_device),
+            ("length_dependent_budget_bytes_per_device", length_dependent_budget_bytes_per_device),
+        ):
+            if budget < 0:
+                raise ValueError(f"{name} must be >= 0, got {budget}")
         self.budget_bytes_per_device = budget_bytes_per_device
+        self.length_dependent_budget_bytes_per_device = length_dependent_budget_bytes_per_device
         self._lock = threading.Lock()
-        self._lru: defaultdict[str, OrderedDict[_Key, _Entry]] = defaultdict(OrderedDict)
-        self._bytes: defaultdict[str, int] = defaultdict(int)
+        self._lru: defaultdict[_Partition, OrderedDict[_Key, _Entry]] = defaultdict(OrderedDict)
+        self._bytes: defaultdict[_Partition, int] = defaultdict(int)
         self._hits: defaultdict[tuple[str, str], int] = defaultdict(int)
         self._misses: defaultdict[tuple[str, str], int] = defaultdict(int)
         self._evictions: defaultdict[str, int] = defaultdict(int)
@@ -115,7 +127,7 @@ class PECache:
             return _entry((cos, sin), capacity, attention_factor)
 
         params = (head_dim, float(base), scaling, seq_len_key, layout, dtype)
-        entry = self._fetch("rope", target, params, length, build)
+        entry = self._fetch("rope", target, params, length, build, length_dependent=seq_len_key is not None)
         cos, sin = entry.tensors
         return RopeTables(cos[:length], sin[:length], entry.attention_factor)
 
@@ -176,24 +188,37 @@ class PECache:
 
     def stats(self) -> CacheStats:
         with self._lock:
+            size: defaultdict[str, int] = defaultdict(int)
+            entries: defaultdict[str, int] = defaultdict(int)
+            for (label, length_dependent), partition in self._lru.items():
+                size[label] += self._bytes[label, length_dependent]
+                entries[label] += len(partition)
             return CacheStats(
                 hits=dict(self._hits),
                 misses=dict(self._misses),
                 evictions=dict(self._evictions),
-                bytes={device: self._bytes[device] for device in self._lru},
-                entries={device: len(entries) for device, entries in self._lru.items()},
+                bytes=dict(size),
+                entries=dict(entries),
             )
 
     def _fetch(
-        self, kind: str, device: torch.device, params: Hashable, length: int, build: _Builder
+        self,
+        kind: str,
+        device: torch.device,
+        params: Hashable,
+        length: int,
+        build: _Builder,
+        *,
+        length_dependent: bool = False,
     ) -> _Entry:
         """The entry for (kind, device, params) holding at least `length` positions, built if needed."""
         if length < 1:
             raise ValueError(f"length must be >= 1, got {length}")
         label = str(device)
         key: _Key = (kind, label, params)
+        partition: _Partition = (label, length_dependent)
         with self._lock:
-            entries = self._lru[label]
+            entries = self._lru[partition]
             cached = entries.get(key)
             if cached is not None and cached.capacity >= length:
                 entries.move_to_end(key)
@@ -206,22 +231,28 @@ class PECache:
             if raced is not None and raced.capacity >= built.capacity:
                 entries.move_to_end(key)
                 return raced
-            self._store(label, key, built)
+            self._store(partition, key, built)
         return built
 
-    def _store(self, label: str, key: _Key, entry: _Entry) -> None:
+    def _store(self, partition: _Partition, key: _Key, entry: _Entry) -> None:
         """Insert (replacing a smaller entry for the key) and evict from the cold end. Lock held."""
-        entries = self._lru[label]
+        label, length_dependent = partition
+        budget = (
+            self.length_dependent_budget_bytes_per_device
+            if length_dependent
+            else self.budget_bytes_per_device
+        )
+        entries = self._lru[partition]
         replaced = entries.pop(key, None)
         if replaced is not None:
-            self._bytes[label] -= replaced.nbytes
-        if entry.nbytes > self.budget_bytes_per_device:
+            self._bytes[partition] -= replaced.nbytes
+        if entry.nbytes > budget:
             return
         entries[key] = entry
-        self._bytes[label] += entry.nbytes
-        while self._bytes[label] > self.budget_bytes_per_device:
+        self._bytes[partition] += entry.nbytes
+        while self._bytes[partition] > budget:
             _, evicted = entries.popitem(last=False)
-            self._bytes[label] -= evicted.nbytes
+            self._bytes[partition] -= evicted.nbytes
             self._evictions[label] += 1
 
 

@@ -29,7 +29,7 @@ _TYPE_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "none": frozenset(),
     "linear": frozenset({"factor"}),
     "ntk": frozenset({"factor"}),
-    "dynamic": frozenset({"factor", "original_max_position_embeddings"}),
+    "dynamic": frozenset({"factor", "original_max_position_embeddings", "dynamic_mode"}),
     "yarn": frozenset(
         {
             "factor",
@@ -50,9 +50,15 @@ _TYPE_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     ),
 }
 
+# How dynamic NTK treats a growing sequence (see `pe_runtime.rope.dynamic`): "bucketed" keeps one
+# table per length bucket and recomputes cached keys when a sequence crosses into the next bucket;
+# "hf" follows transformers (a table for the exact length, cached keys kept as they were computed).
+DYNAMIC_MODES: Final = ("bucketed", "hf")
+
 # transformers' defaults for yarn; Meta's published values for llama3 (transformers requires them, a
 # request body should not have to).
 _STATIC_DEFAULTS: Final[Mapping[str, Mapping[str, Any]]] = {
+    "dynamic": {"dynamic_mode": "bucketed"},
     "yarn": {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True},
     "llama3": {"low_freq_factor": 1.0, "high_freq_factor": 4.0},
 }
@@ -83,6 +89,7 @@ class RopeScaling:
     high_freq_factor: float | None = None
     short_factor: tuple[float, ...] | None = None
     long_factor: tuple[float, ...] | None = None
+    dynamic_mode: str | None = None
     # Every cache lookup hashes the scaling; hashing 13 fields each time would dominate a cache hit.
     _hash: int = dataclasses.field(init=False, repr=False, compare=False)
 
@@ -187,6 +194,8 @@ class RopeScaling:
             params.setdefault("original_max_position_embeddings", max_length)
         if "factor" not in params:
             params["factor"] = _default_factor(scaling_type, params, max_length)
+        if scaling_type == "dynamic":
+            params.setdefault("dynamic_mode", "hf")  # what transformers does with such a config
         return cls(type=scaling_type, **params)
 
     def to_dict(self) -> dict[str, Any]:
@@ -250,6 +259,12 @@ def _flag(name: str, value: object) -> bool:
     return value
 
 
+def _dynamic_mode(name: str, value: object) -> str:
+    if value not in DYNAMIC_MODES:
+        raise PEConfigError(f"{name} must be one of {', '.join(DYNAMIC_MODES)}, got {value!r}", field=name)
+    return str(value)
+
+
 def _factor_list(name: str, value: object) -> tuple[float, ...]:
     if isinstance(value, str | bytes) or not isinstance(value, list | tuple) or not value:
         raise PEConfigError(f"{name} must be a non-empty list of numbers, got {value!r}", field=name)
@@ -269,5 +284,6 @@ _CANONICALISERS: Final[Mapping[str, Callable[[str, object], object]]] = {
     "high_freq_factor": _positive,
     "short_factor": _factor_list,
     "long_factor": _factor_list,
+    "dynamic_mode": _dynamic_mode,
 }
 _OPTIONAL_FIELDS: Final = frozenset(_CANONICALISERS) - {"factor"}

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from service.api import create_app
 from service.api.logs import logging_config
 from service.api.state import Phase, ServiceState
-from service.settings import Device, DType, LogLevel, Settings
+from service.settings import Device, DType, EngineMode, LogLevel, Settings
 
 # Seconds uvicorn waits for open connections once the drain is over; responses are complete by then.
 _CONNECTION_GRACE_S = 5
@@ -54,6 +54,7 @@ class DrainingServer(uvicorn.Server):
             self._drain = asyncio.ensure_future(self.state.drain())
 
     async def on_tick(self, counter: int) -> bool:
+        self.state.check_engine()
         stop = self.state.drained.is_set() or self.state.phase is Phase.FAILED
         return await super().on_tick(counter) or stop
 
@@ -87,6 +88,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-queue", type=int, metavar="N", help="waiting requests before 429 (default 64; 0: unbounded)"
+    )
+    parser.add_argument(
+        "--engine-mode",
+        choices=get_args(EngineMode),
+        help="process (default): the engine in its own process; thread: in this process",
+    )
+    parser.add_argument(
+        "--step-token-budget",
+        type=int,
+        metavar="N",
+        help="prompt/scoring tokens per engine step besides decoding (default 256)",
+    )
+    parser.add_argument(
+        "--torch-threads", type=int, metavar="N", help="torch threads of the engine (default 0: one per core)"
     )
     parser.add_argument(
         "--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (comma-separate several)"

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+EngineMode = Literal["process", "thread"]
 
 ONE_MIB = 1 << 20
 
@@ -36,6 +37,18 @@ class Settings(BaseSettings):
     max_context: int = Field(default=4096, ge=16)
     max_batch_size: int = Field(default=16, ge=1)
     max_queue: int = Field(default=64, ge=0)
+    engine_mode: EngineMode = Field(
+        default="process",
+        description="process: the engine core in its own process (the server default); thread: in-process.",
+    )
+    step_token_budget: int = Field(
+        default=256,
+        ge=16,
+        description="Prompt and scoring tokens one engine step runs besides its decode rows.",
+    )
+    torch_threads: int = Field(
+        default=0, ge=0, description="Torch threads of the engine; 0 means one per CPU core."
+    )
     api_key: SecretStr | None = Field(
         default=None, description="Bearer key(s) required on inference routes; comma-separated for several."
     )

@@ -46,6 +46,7 @@ class HFTokenizer:
     """A `tokenizer.json` loaded with the `tokenizers` library (no `transformers` at run time)."""
 
     def __init__(self, path: Path) -> None:
+        self.path = path
         self._tokenizer = _HFTokenizer.from_file(str(path))
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
 
@@ -54,3 +55,7 @@ class HFTokenizer:
 
     def decode(self, tokens: list[int]) -> str:
         return str(self._tokenizer.decode(tokens, skip_special_tokens=True))
+
+    def __reduce__(self) -> tuple[type[HFTokenizer], tuple[Path]]:
+        """Sent to another process as its file, which that process reads again."""
+        return HFTokenizer, (self.path,)

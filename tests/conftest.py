@@ -23,6 +23,8 @@ import torch
 from pe_runtime import RopeScaling
 from service.model.checkpoint import save_checkpoint
 from service.model.config import SCHEMES, ModelConfig
+from service.model.kv_cache import KVCache
+from service.model.refresh import recompute_row, stale_rows
 from service.model.transformer import Transformer
 
 TINY_CONFIG: dict[str, Any] = {
@@ -70,12 +72,25 @@ def rope_scalings(original: int, rotary_dim: int) -> dict[str, RopeScaling]:
         "none": {"rope_type": "default"},
         "linear": {"rope_type": "linear", "factor": 4.0},
         "ntk": {"rope_type": "ntk", "factor": 4.0},
-        "dynamic": {"rope_type": "dynamic", **extension},
+        "dynamic": {"rope_type": "dynamic", **extension, "dynamic_mode": "bucketed"},
         "yarn": {"rope_type": "yarn", **extension},
         "llama3": {"rope_type": "llama3", **extension},
         "longrope": {"rope_type": "longrope", **longrope},
     }
     return {name: RopeScaling.from_hf(spec, max_position_embeddings=original) for name, spec in specs.items()}
+
+
+def cached_forward(
+    model: Transformer, tokens: torch.Tensor, scaling: RopeScaling | list[RopeScaling] | None, cache: KVCache
+) -> torch.Tensor:
+    """What the engine's batch does per pass: refresh rows whose table changed, then run the tokens."""
+    rows = tokens.shape[0]
+    scalings = scaling if isinstance(scaling, list) else [scaling or model.positions.default_scaling] * rows
+    lengths = [past + tokens.shape[1] for past in cache.lengths]
+    for row in stale_rows(model, cache, scalings, lengths):
+        recompute_row(model, cache, row, scalings[row], lengths[row])
+    logits: torch.Tensor = model(tokens, scaling=scalings, cache=cache)
+    return logits
 
 
 # Tiny models gain nothing from intra-op threads, and on CI's two shared cores threads only contend.

@@ -37,7 +37,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     def engine_stats() -> EngineStats | None:
         return state.engine.stats() if state.engine is not None else None
 
-    service_metrics = ServiceMetrics(engine_stats)
+    def engine_metrics() -> bytes:
+        return state.engine.metrics_text() if state.engine is not None else b""
+
+    service_metrics = ServiceMetrics(engine_stats, engine_metrics)
     build = (lambda: engine) if engine is not None else partial(load_engine, settings)
     app = FastAPI(
         title="pe-serve",

@@ -20,8 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pe_runtime import PEConfigError
 from service.engine.errors import (
     ContextLengthError,
-    EngineDrainingError,
     EngineError,
+    EngineUnavailableError,
     InvalidRequestError,
     ModelNotFoundError,
     QueueFullError,
@@ -50,7 +50,7 @@ _ENGINE_STATUS: Sequence[tuple[type[EngineError], int]] = (
     (InvalidRequestError, 422),
     (ModelNotFoundError, 404),
     (QueueFullError, 429),
-    (EngineDrainingError, 503),
+    (EngineUnavailableError, 503),
     (RequestCancelledError, 503),
 )
 

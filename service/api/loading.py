@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from service.api.logs import logging_config
 from service.engine.types import Engine
 from service.settings import Settings
 
@@ -40,13 +41,37 @@ def model_dirs(settings: Settings) -> list[Path]:
 
 
 def load_engine(settings: Settings) -> Engine:
-    engine_module = importlib.import_module("service.engine.engine")
-    engine: Engine = engine_module.InferenceEngine.from_model_dirs(
-        model_dirs(settings),
+    """The engine process and its client (the default), or the engine on a thread of this process.
+
+    In process mode this process keeps one torch thread (it only validates requests); the engine
+    process takes `torch_threads`, by default every core, for the model.
+    """
+    if settings.engine_mode == "thread":
+        engine_module = importlib.import_module("service.engine.engine")
+        if settings.torch_threads:
+            importlib.import_module("torch").set_num_threads(settings.torch_threads)
+        engine: Engine = engine_module.InferenceEngine.from_model_dirs(
+            model_dirs(settings),
+            device=settings.device,
+            dtype=settings.dtype,
+            max_context=settings.max_context,
+            max_batch_size=settings.max_batch_size,
+            max_queue=settings.max_queue,
+            step_token_budget=settings.step_token_budget,
+        )
+        return engine
+    client_module = importlib.import_module("service.engine.client")
+    process_module = importlib.import_module("service.engine.process")
+    importlib.import_module("torch").set_num_threads(1)
+    config = process_module.EngineProcessConfig(
+        model_dirs=tuple(model_dirs(settings)),
         device=settings.device,
         dtype=settings.dtype,
         max_context=settings.max_context,
         max_batch_size=settings.max_batch_size,
-        max_queue=settings.max_queue,
+        step_token_budget=settings.step_token_budget,
+        torch_threads=settings.torch_threads,
+        log_config=logging_config(settings.log_level),
     )
-    return engine
+    client: Engine = client_module.EngineClient(config, max_queue=settings.max_queue)
+    return client

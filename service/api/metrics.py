@@ -3,8 +3,9 @@
 Request counts, latencies and time to first token are observed by the HTTP layer on its own
 registry (one per app, so several apps can live in one process). Queue depth, batch size and
 generated tokens are read from `Engine.stats()` at scrape time rather than mirrored, so they can
-never drift from the engine. `pe_runtime`'s cache counters live on the process-wide registry,
-which `/metrics` renders after ours.
+never drift from the engine. The process-wide registry (process metrics; `pe_runtime`'s cache
+counters when the engine runs in this process) follows ours, then, when the engine runs in its own
+process, that process's registry (`pe_cache_*` and `pe_engine_process_*`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ class _EngineCollector:
 class ServiceMetrics:
     """The HTTP layer's instruments, and the rendering of everything `/metrics` exposes."""
 
-    def __init__(self, read_stats: Callable[[], EngineStats | None]) -> None:
+    def __init__(
+        self, read_stats: Callable[[], EngineStats | None], read_engine_metrics: Callable[[], bytes]
+    ) -> None:
+        self._read_engine_metrics = read_engine_metrics
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "pe_serve_requests",
@@ -74,4 +78,5 @@ class ServiceMetrics:
         self.request_duration.labels(endpoint=endpoint).observe(seconds)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry) + generate_latest(REGISTRY)
+        """Ours, this process's global registry, then the engine process's (may block briefly)."""
+        return generate_latest(self.registry) + generate_latest(REGISTRY) + self._read_engine_metrics()

@@ -46,6 +46,12 @@ class ServiceState:
         }.get(self.phase, "the server is not ready")
         raise _unavailable(reason)
 
+    def check_engine(self) -> None:
+        """Turn FAILED once the engine is lost for good (its process died and could not return)."""
+        if self.phase is Phase.READY and self.engine is not None and self.engine.lost():
+            logger.error("the inference engine is lost; the server stops")
+            self.phase = Phase.FAILED
+
     def mark_ready(self, engine: Engine) -> None:
         self.engine = engine
         if self.phase is Phase.LOADING:

@@ -1,108 +1,212 @@
-"""The running batch of one model: its sequences and their shared, right-padded KV cache.
+"""One model's running sequences: those still reading their prompt, and those decoding.
 
-Requests admitted together are prefilled together when their prompts have the same length (rows
-never interact, so that changes no result) and then join the batch; each decode step runs all
-sequences in one forward pass, every row with its own RoPE scaling, and finished rows leave
-before the next step.
+Each group shares one right-padded KV cache. A decode step runs every decoding row in one forward
+pass, each row with its own RoPE scaling. A prefill chunk advances every prefilling row by the same
+number of prompt tokens (rows of different prompt lengths and progress share the pass), sized to
+the step's token budget, so a long prompt is read a slice per step between decode steps instead
+of stalling them. A row whose prompt is complete moves to the decoding group with its first
+token's logits.
+
+Failures stay with their row. The model advances a cache only after a pass succeeded, so when a
+batched pass raises, every row is rerun alone from the state it was in, and only the rows that
+still raise fail; rows that did nothing wrong never write a token twice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from pe_runtime import RopeScaling
 from service.engine.sequence import RunningSequence
 from service.model.kv_cache import KVCache
+from service.model.refresh import recompute_row, stale_rows
 from service.model.transformer import Transformer
 
+logger = logging.getLogger("service.engine.batch")
 
-class RunningBatch:
-    def __init__(self, model: Transformer) -> None:
-        self.model = model
-        self.sequences: list[RunningSequence] = []
-        self._cache: KVCache | None = None
-        self._joining: list[tuple[list[RunningSequence], KVCache]] = []
+
+@dataclass
+class StepOutcome:
+    """Float32 logits [N, V] on CPU for the N rows that ran, and the rows that failed instead."""
+
+    rows: list[RunningSequence]
+    logits: Tensor
+    failed: list[tuple[RunningSequence, Exception]] = field(default_factory=list)
+
+
+@dataclass
+class _PassResult:
+    logits: dict[int, Tensor]  # row -> logits [V]
+    failed: dict[int, Exception]
+
+
+@dataclass
+class _Group:
+    """Sequences sharing one cache, row i of the cache belonging to sequences[i]."""
+
+    sequences: list[RunningSequence] = field(default_factory=list)
+    cache: KVCache | None = None
 
     def __len__(self) -> int:
-        return len(self.sequences) + sum(len(group) for group, _ in self._joining)
+        return len(self.sequences)
 
-    def prefill(self, sequences: list[RunningSequence]) -> Tensor:
-        """Run prompts of one length into a fresh cache sized for the whole requests.
+    def join(self, sequences: list[RunningSequence], cache: KVCache) -> None:
+        self.cache = cache if self.cache is None else KVCache.concat([self.cache, cache])
+        self.sequences += sequences
 
-        Returns float32 logits [N, V] on CPU; the sequences join the batch at the next decode step.
+    def split(self, keep: Callable[[RunningSequence], bool]) -> tuple[list[RunningSequence], KVCache | None]:
+        """Remove the sequences `keep` rejects; return them and their cache rows."""
+        leaving = [row for row, sequence in enumerate(self.sequences) if not keep(sequence)]
+        if not leaving or self.cache is None:
+            return [], None
+        staying = [row for row in range(len(self.sequences)) if keep(self.sequences[row])]
+        taken = self.cache.select(leaving)
+        gone = [self.sequences[row] for row in leaving]
+        self.sequences = [self.sequences[row] for row in staying]
+        self.cache = self.cache.select(staying) if staying else None
+        return gone, taken
+
+
+class ModelBatch:
+    def __init__(self, model: Transformer) -> None:
+        self.model = model
+        self._prefilling = _Group()
+        self._decoding = _Group()
+
+    def __len__(self) -> int:
+        return len(self._prefilling) + len(self._decoding)
+
+    @property
+    def decoding(self) -> int:
+        return len(self._decoding)
+
+    @property
+    def prefilling(self) -> int:
+        return len(self._prefilling)
+
+    @property
+    def sequences(self) -> list[RunningSequence]:
+        return self._prefilling.sequences + self._decoding.sequences
+
+    def add(self, sequence: RunningSequence) -> None:
+        """Start reading a prompt; the cache is sized for the whole request up front."""
+        request = sequence.request
+        capacity = len(request.prompt_tokens) + request.sampling.max_new_tokens
+        self._prefilling.join([sequence], self.model.new_cache(1, capacity))
+
+    def prefill_chunk(self, budget: int) -> tuple[StepOutcome, int]:
+        """Advance every prefilling row by up to `budget` tokens in all.
+
+        Returns the rows whose prompt is now complete, with their next-token logits (they have moved
+        to the decoding group), the rows that failed, and the number of tokens the pass ran.
         """
-        requests = [sequence.request for sequence in sequences]
-        capacity = max(len(request.prompt_tokens) + request.sampling.max_new_tokens for request in requests)
-        cache = self.model.new_cache(len(sequences), capacity)
-        tokens = torch.tensor([request.prompt_tokens for request in requests], device=self._device)  # [N, T]
-        scalings = [sequence.scaling for sequence in sequences]
-        with torch.inference_mode():
-            logits: Tensor = self.model(tokens, scaling=scalings, cache=cache, last_n=1)[:, -1]  # [N, V]
-        self._joining.append((sequences, cache))
-        return logits.float().cpu()
+        group = self._prefilling
+        width = max(1, min(min(s.prompt_remaining for s in group.sequences), budget // len(group)))
+        chunks = [sequence.next_prompt_chunk(width) for sequence in group.sequences]
+        # Every chunk of a prompt reads the table for the whole prompt: no row changes table mid-prompt.
+        lengths = [len(sequence.request.prompt_tokens) for sequence in group.sequences]
+        result = self._run(group, chunks, lengths)
+        for row in result.logits:
+            group.sequences[row].prefilled += width
+        ready = [row for row in result.logits if not group.sequences[row].prompt_remaining]
+        outcome = self._outcome(group, result, ready)
+        finished = set(outcome.rows)
+        moving, cache = group.split(lambda sequence: sequence not in finished)
+        if moving and cache is not None:
+            self._decoding.join(moving, cache)
+        return outcome, width * len(chunks)
 
-    def decode(self) -> Tensor:
-        """One token for every sequence in one forward pass; float32 logits [B, V] on CPU."""
-        self._admit_joining()
-        assert self._cache is not None
-        return self._forward(self._cache, self.sequences)
+    def decode(self) -> StepOutcome:
+        """One token for every decoding row in one forward pass."""
+        group = self._decoding
+        assert group.cache is not None
+        lengths = [past + 1 for past in group.cache.lengths]
+        chunks = [(sequence.last_token,) for sequence in group.sequences]
+        result = self._run(group, chunks, lengths)
+        return self._outcome(group, result, list(result.logits))
 
-    def decode_rows_alone(self) -> list[Tensor | Exception]:
-        """The same step row by row, after a batched step raised: each row's logits or its error.
-
-        Only the failing rows see an exception; the batch cache is rebuilt from the rows' own.
-        """
-        assert self._cache is not None
-        outcomes: list[Tensor | Exception] = []
-        caches = []
-        for row, sequence in enumerate(self.sequences):
-            cache = self._cache.select([row])
-            try:
-                outcomes.append(self._forward(cache, [sequence])[0])
-            except Exception as error:
-                outcomes.append(error)
-            caches.append(cache)
-        self._cache = KVCache.concat(caches)
-        return outcomes
+    def _outcome(self, group: _Group, result: _PassResult, rows: list[int]) -> StepOutcome:
+        vocab = self.model.config.vocab_size
+        logits = torch.stack([result.logits[row] for row in rows]) if rows else torch.empty(0, vocab)
+        failed = [(group.sequences[row], error) for row, error in result.failed.items()]
+        return StepOutcome([group.sequences[row] for row in rows], logits, failed)
 
     def retain(self, keep: Callable[[RunningSequence], bool]) -> list[RunningSequence]:
         """Drop sequences for which `keep` is false (their cache rows too); return the dropped ones."""
-        dropped = [sequence for sequence in self.sequences if not keep(sequence)]
-        if dropped:
-            rows = [index for index, sequence in enumerate(self.sequences) if keep(sequence)]
-            self.sequences = [self.sequences[index] for index in rows]
-            self._cache = self._cache.select(rows) if rows and self._cache is not None else None
-        joining = []
-        for group, cache in self._joining:
-            rows = [index for index, sequence in enumerate(group) if keep(sequence)]
-            dropped += [sequence for sequence in group if not keep(sequence)]
-            if rows:
-                joining.append(
-                    (
-                        [group[index] for index in rows],
-                        cache if len(rows) == len(group) else cache.select(rows),
-                    )
-                )
-        self._joining = joining
+        dropped: list[RunningSequence] = []
+        for group in (self._prefilling, self._decoding):
+            gone, _ = group.split(keep)
+            dropped += gone
         return dropped
 
     @property
     def _device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
 
-    def _admit_joining(self) -> None:
-        if not self._joining:
-            return
-        caches = ([self._cache] if self._cache is not None else []) + [cache for _, cache in self._joining]
-        self._cache = KVCache.concat(caches)
-        self.sequences += [sequence for group, _ in self._joining for sequence in group]
-        self._joining = []
+    def _run(self, group: _Group, chunks: Sequence[tuple[int, ...]], table_lengths: list[int]) -> _PassResult:
+        """One pass over the group; if it raises, each row alone from its untouched cache row."""
+        assert group.cache is not None
+        scalings = [sequence.scaling for sequence in group.sequences]
+        failed = self._refresh(group.cache, scalings, table_lengths)
+        try:
+            logits = self._forward(group.cache, chunks, scalings, table_lengths)
+        except Exception:
+            logger.exception("a batched pass failed; rerunning its rows one by one")
+            return self._run_rows_alone(group, chunks, scalings, table_lengths, failed)
+        return _PassResult({row: logits[row] for row in range(len(group)) if row not in failed}, failed)
 
-    def _forward(self, cache: KVCache, sequences: list[RunningSequence]) -> Tensor:
-        tokens = torch.tensor([[s.last_token] for s in sequences], dtype=torch.long, device=self._device)
+    def _run_rows_alone(
+        self,
+        group: _Group,
+        chunks: Sequence[tuple[int, ...]],
+        scalings: list[RopeScaling],
+        table_lengths: list[int],
+        failed: dict[int, Exception],
+    ) -> _PassResult:
+        assert group.cache is not None
+        logits: dict[int, Tensor] = {}
+        caches: list[KVCache] = []
+        for row in range(len(group)):
+            cache = group.cache.select([row])
+            caches.append(cache)
+            if row in failed:
+                continue
+            span = slice(row, row + 1)
+            try:
+                logits[row] = self._forward(cache, chunks[span], scalings[span], table_lengths[span])[0]
+            except Exception as error:
+                failed[row] = error
+        group.cache = KVCache.concat(caches)
+        return _PassResult(logits, failed)
+
+    def _refresh(
+        self, cache: KVCache, scalings: Sequence[RopeScaling], table_lengths: Sequence[int]
+    ) -> dict[int, Exception]:
+        """Recompute rows whose table changed; a row whose recomputation raises fails alone."""
+        failed: dict[int, Exception] = {}
+        for row in stale_rows(self.model, cache, scalings, table_lengths):
+            try:
+                with torch.inference_mode():
+                    recompute_row(self.model, cache, row, scalings[row], table_lengths[row])
+            except Exception as error:
+                failed[row] = error
+        return failed
+
+    def _forward(
+        self,
+        cache: KVCache,
+        chunks: Sequence[tuple[int, ...]],
+        scalings: Sequence[RopeScaling],
+        table_lengths: Sequence[int],
+    ) -> Tensor:
+        tokens = torch.tensor([list(chunk) for chunk in chunks], dtype=torch.long, device=self._device)
         with torch.inference_mode():
-            scalings = [sequence.scaling for sequence in sequences]
-            logits: Tensor = self.model(tokens, scaling=scalings, cache=cache, last_n=1)[:, -1]  # [B, V]
+            logits: Tensor = self.model(
+                tokens, scaling=list(scalings), cache=cache, last_n=1, table_lengths=list(table_lengths)
+            )[:, -1]  # [N, V]
         return logits.float().cpu()

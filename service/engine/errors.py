@@ -5,6 +5,8 @@ The HTTP layer maps classes to statuses (422, 404, 429, 503); the engine never k
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class EngineError(Exception):
     """Base class; `param` is the dotted request field at fault, or None."""
@@ -15,6 +17,17 @@ class EngineError(Exception):
         super().__init__(message)
         self.message = message
         self.param = param
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Errors cross the engine process boundary with their keyword fields intact."""
+        return _rebuild, (type(self), self.message, dict(self.__dict__))
+
+
+def _rebuild(cls: type[EngineError], message: str, fields: dict[str, Any]) -> EngineError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(fields)
+    return error
 
 
 class InvalidRequestError(EngineError):
@@ -43,8 +56,14 @@ class QueueFullError(EngineError):
         self.retry_after_s = retry_after_s
 
 
-class EngineDrainingError(EngineError):
+class EngineUnavailableError(EngineError):
+    """The engine cannot take or finish this request now (draining, stopped, restarting)."""
+
     error_type = "service_unavailable"
+
+
+class EngineDrainingError(EngineUnavailableError):
+    pass
 
 
 class RequestFailedError(EngineError):

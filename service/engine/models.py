@@ -1,7 +1,9 @@
 """Resident models: loading a directory (ours or Hugging Face) and what a request may ask of it.
 
-`ServedModel.resolve_pe` is the single place that decides whether a scaling and a length can run
-on a model, so the HTTP layer's early validation and the engine's admission agree by construction.
+`ModelSpec` is a model without its weights: name, config, tokenizer and the rules a request must
+meet. It is small and picklable, so the API process validates requests with exactly the code the
+engine uses, even when the engine runs in a process of its own. `ModelSpec.resolve_pe` is the
+single place that decides whether a scaling and a length can run on a model.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from pe_runtime import PECache, PEConfigError, RopeScaling, rope_inv_freq
 from service.engine.errors import ContextLengthError, InvalidRequestError
 from service.engine.types import ModelInfo, PEInfo
 from service.model.checkpoint import is_checkpoint, load_checkpoint, read_config
+from service.model.config import ModelConfig
 from service.model.hf import is_hf_checkpoint, load_hf_checkpoint
-from service.model.positional import SUPPORTED_SCALINGS
+from service.model.positional import SUPPORTED_SCALINGS, default_scaling
 from service.model.transformer import Transformer
 from service.tokenizers import ByteTokenizer, HFTokenizer, TextTokenizer
 
@@ -24,15 +27,15 @@ SCALING_PARAM = "pe_scaling"
 
 
 @dataclass(frozen=True)
-class ServedModel:
+class ModelSpec:
     name: str
-    model: Transformer
+    config: ModelConfig
     tokenizer: TextTokenizer
     info: ModelInfo
 
     @property
     def default_scaling(self) -> RopeScaling:
-        return self.model.positions.default_scaling
+        return default_scaling(self.config)
 
     def effective_scaling(self, scaling: RopeScaling | None) -> RopeScaling:
         """A request's scaling replaces the model's own; None keeps the model's."""
@@ -40,7 +43,7 @@ class ServedModel:
 
     def resolve_pe(self, scaling: RopeScaling | None, total_length: int) -> PEInfo:
         """Validate `scaling` for this model at `total_length` tokens (prompt + new tokens)."""
-        config = self.model.config
+        config = self.config
         effective = self.effective_scaling(scaling)
         if effective.type not in self.info.supported_scalings:
             raise InvalidRequestError(
@@ -69,7 +72,7 @@ class ServedModel:
 
     def _check_learned_table(self, scaling: RopeScaling, total_length: int) -> None:
         """Learned positions exist only up to the table (stretched by a linear factor)."""
-        native = self.model.config.native_context
+        native = self.config.native_context
         factor = scaling.factor if scaling.type == "linear" else 1.0
         if total_length > int(native * factor):
             needed = total_length / native
@@ -81,7 +84,7 @@ class ServedModel:
             )
 
     def _attention_factor(self, scaling: RopeScaling, total_length: int) -> float:
-        config = self.model.config
+        config = self.config
         if config.pe != "rope":
             return 1.0
         try:
@@ -89,6 +92,25 @@ class ServedModel:
         except PEConfigError as error:
             raise InvalidRequestError(error.message, param=f"{SCALING_PARAM}.{error.field}") from error
         return factor
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A resident model: its spec and its weights on the engine's device."""
+
+    spec: ModelSpec
+    model: Transformer
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        return self.spec.tokenizer
+
+    def effective_scaling(self, scaling: RopeScaling | None) -> RopeScaling:
+        return self.spec.effective_scaling(scaling)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -138,4 +160,4 @@ def load_served_model(
         dtype=str(dtype).removeprefix("torch."),
         vocab_size=config.vocab_size,
     )
-    return ServedModel(name=name, model=model, tokenizer=tokenizer, info=info)
+    return ServedModel(ModelSpec(name=name, config=config, tokenizer=tokenizer, info=info), model)

@@ -1,9 +1,10 @@
-"""Scoring: the log-probability of every token given its prefix, from one full forward pass.
+"""Scoring: the log-probability of every token given its prefix, read in chunks through a KV cache.
 
-This is the code path behind `/score`, exposed as a plain function so the extrapolation benchmark
-measures exactly what the service reports. With a length-dependent scaling (dynamic NTK, LongRoPE)
-every position uses the table for the whole sequence, as a full forward does; generation instead
-uses, at each step, the table for the length so far, so the two agree only for static scalings.
+This is the code path behind `/score`. The engine advances a `ChunkedScorer` by a slice of its
+tokens per step, between decode steps, so a long document never stalls running streams;
+`score_tokens` runs one to the end, which is what the extrapolation benchmark measures. With a
+length-dependent scaling (dynamic NTK, LongRoPE) every position uses the table for the whole
+sequence, as one full forward pass would: every chunk is told the total length.
 """
 
 from __future__ import annotations
@@ -15,29 +16,65 @@ from torch import Tensor
 
 from pe_runtime import RopeScaling
 from service.engine.errors import RequestFailedError
+from service.model.kv_cache import KVCache
 from service.model.transformer import Transformer
 
 # Positions projected to the vocabulary at once: bounds the [N, V] float32 logits to a few hundred
-# MiB even for 150k-token vocabularies, whatever the input length.
-_CHUNK = 512
+# MiB even for 150k-token vocabularies, whatever the chunk length.
+_PROJECTION_CHUNK = 512
+
+
+class ChunkedScorer:
+    """One scoring job in progress; its cache is allocated when it first runs."""
+
+    def __init__(self, model: Transformer, tokens: Sequence[int], scaling: RopeScaling | None = None) -> None:
+        self.model = model
+        self.scaling = scaling
+        self._tokens = list(tokens)
+        self._logprobs: list[float | None] = [None]
+        self._cache: KVCache | None = None
+
+    @property
+    def remaining(self) -> int:
+        """Positions still to run; the last token is only ever a target."""
+        return len(self._tokens) - len(self._logprobs)
+
+    def advance(self, budget: int) -> int:
+        """Run up to `budget` more positions; returns how many ran. Raises RequestFailedError on
+        non-finite logits."""
+        model = self.model
+        device = model.embed_tokens.weight.device
+        if self._cache is None:
+            self._cache = model.new_cache(1, len(self._tokens))
+        start = len(self._logprobs) - 1
+        width = max(1, min(budget, self.remaining))
+        with torch.inference_mode():
+            ids = torch.tensor(self._tokens[start : start + width + 1], dtype=torch.long, device=device)
+            hidden = model.final_hidden(
+                ids[None, :width], scaling=self.scaling, cache=self._cache, table_lengths=[len(self._tokens)]
+            )[0]  # [width, D]
+            chunks = [
+                _chunk_logprobs(
+                    model, hidden[at : at + _PROJECTION_CHUNK], ids[at + 1 : at + 1 + _PROJECTION_CHUNK]
+                )
+                for at in range(0, width, _PROJECTION_CHUNK)
+            ]
+            self._logprobs += torch.cat(chunks).cpu().tolist()
+        if not self.remaining:
+            self._cache = None  # done: the memory goes back at once, not when the job is dropped
+        return width
+
+    def result(self) -> list[float | None]:
+        return list(self._logprobs)
 
 
 def score_tokens(
     model: Transformer, tokens: Sequence[int], scaling: RopeScaling | None = None
 ) -> list[float | None]:
-    """`[None, log p(t1 | t0), log p(t2 | t0 t1), ...]`; `scaling=None` is the model's default.
-
-    Raises RequestFailedError when the model produces non-finite logits for this input.
-    """
-    device = model.embed_tokens.weight.device
-    with torch.inference_mode():
-        ids = torch.tensor(list(tokens), dtype=torch.long, device=device)  # [T]
-        hidden = model.final_hidden(ids[None], scaling=scaling)[0, :-1]  # [T-1, D]
-        chunks = [
-            _chunk_logprobs(model, hidden[start : start + _CHUNK], ids[start + 1 : start + 1 + _CHUNK])
-            for start in range(0, hidden.shape[0], _CHUNK)
-        ]
-    return [None, *torch.cat(chunks).cpu().tolist()]
+    """`[None, log p(t1 | t0), log p(t2 | t0 t1), ...]`; `scaling=None` is the model's default."""
+    scorer = ChunkedScorer(model, tokens, scaling)
+    scorer.advance(scorer.remaining)
+    return scorer.result()
 
 
 def _chunk_logprobs(model: Transformer, hidden: Tensor, targets: Tensor) -> Tensor:

@@ -1,4 +1,5 @@
-"""One generation request while it runs: its sampler, its text so far, and when it is done."""
+"""One generation request while it runs: how much of its prompt is cached, its sampler, its text so
+far, and when it is done. The engine core turns what it returns into events for the request."""
 
 from __future__ import annotations
 
@@ -6,17 +7,16 @@ import time
 from dataclasses import dataclass, field
 
 from pe_runtime import RopeScaling
-from service.engine.handle import EngineHandle
 from service.engine.models import ServedModel
 from service.engine.sampler import Sampler
 from service.engine.text_stream import TextStream
 from service.engine.types import FinishReason, GenerationRequest, GenerationResult, PEInfo, Timing, TokenEvent
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a running request is itself, whatever its state
 class RunningSequence:
+    key: int  # the job's key in the core
     request: GenerationRequest
-    handle: EngineHandle
     served: ServedModel
     pe: PEInfo
     submitted_at: float
@@ -27,6 +27,8 @@ class RunningSequence:
     started_at: float = 0.0
     first_token_at: float = 0.0
     finish_reason: FinishReason | None = None
+    prefilled: int = 0  # prompt tokens in the KV cache
+    cancelled: bool = False
 
     def __post_init__(self) -> None:
         self.sampler = Sampler(self.request.sampling)
@@ -37,11 +39,18 @@ class RunningSequence:
         return self.served.effective_scaling(self.request.scaling)
 
     @property
+    def prompt_remaining(self) -> int:
+        return len(self.request.prompt_tokens) - self.prefilled
+
+    def next_prompt_chunk(self, width: int) -> tuple[int, ...]:
+        return self.request.prompt_tokens[self.prefilled : self.prefilled + width]
+
+    @property
     def last_token(self) -> int:
         return self.tokens[-1]
 
-    def accept(self, token: int, logprob: float) -> None:
-        """Take the sampled token, emit it, and note whether the request is done."""
+    def accept(self, token: int, logprob: float) -> TokenEvent:
+        """Take the sampled token, note whether the request is done, and return its event."""
         if not self.tokens:
             self.first_token_at = time.perf_counter()
         self.tokens.append(token)
@@ -51,9 +60,7 @@ class RunningSequence:
         if self.stream.stopped:
             reason = "stop"
         self.finish_reason = reason
-        self.handle.push(
-            TokenEvent(token=token, text=text, logprob=logprob if self._wants_logprobs else None)
-        )
+        return TokenEvent(token=token, text=text, logprob=logprob if self._wants_logprobs else None)
 
     def result(self) -> GenerationResult:
         now = time.perf_counter()
@@ -77,7 +84,7 @@ class RunningSequence:
         return self.request.sampling.logprobs
 
     def _finish_reason(self, token: int) -> FinishReason | None:
-        if token == self.served.model.config.eos_id:
+        if token == self.served.spec.config.eos_id:
             return "eos"
         if len(self.tokens) >= self.request.sampling.max_new_tokens:
             return "length"

@@ -145,7 +145,11 @@ class EngineStats:
 
 
 class Engine(Protocol):
-    """What the service needs from the engine; `service.engine.InferenceEngine` implements it."""
+    """What the service needs from the engine.
+
+    `service.engine.client.EngineClient` implements it over a pipe to the engine process (what
+    the server runs), `service.engine.engine.InferenceEngine` on a thread of this process.
+    """
 
     def models(self) -> list[ModelInfo]: ...
 
@@ -167,7 +171,17 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
-    def healthy(self) -> bool: ...
+    def healthy(self) -> bool:
+        """Whether the engine can take requests now (False while an engine process restarts)."""
+        ...
+
+    def lost(self) -> bool:
+        """True once the engine can never serve again: the server should exit non-zero."""
+        ...
+
+    def metrics_text(self) -> bytes:
+        """Prometheus text of metrics kept where the engine runs, if not in this process; may block."""
+        ...
 
     def start(self) -> None: ...
 

@@ -8,6 +8,7 @@ their RoPE scaling, which is what lets one forward pass serve requests with diff
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,12 @@ SUPPORTED_SCALINGS: dict[Scheme, tuple[str, ...]] = {
 
 _Key = TypeVar("_Key", bound=Hashable)
 
+
+def default_scaling(config: ModelConfig) -> RopeScaling:
+    """The scaling a model runs with when a request names none: its config's, as transformers reads it."""
+    return RopeScaling.from_hf(config.rope_scaling, max_position_embeddings=config.native_context)
+
+
 # Stretched learned tables kept per model: a handful of factors covers real traffic, and the bound
 # stops a client cycling through factors from growing memory.
 STRETCHED_TABLES_KEPT = 8
@@ -54,10 +61,12 @@ class PositionalInputs:
 
 @dataclass(frozen=True)
 class _Row:
-    """What distinguishes one row's positions: tokens already cached and its scaling."""
+    """What distinguishes one row's positions: tokens already cached and its (sized) table."""
 
     past: int
     scaling: RopeScaling
+    table_key: Hashable
+    table_length: int = dataclasses.field(compare=False)
 
 
 class PositionalEncoding(nn.Module):
@@ -67,9 +76,7 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         self.config = config
         self.cache = cache
-        self.default_scaling = RopeScaling.from_hf(
-            config.rope_scaling, max_position_embeddings=config.native_context
-        )
+        self.default_scaling = default_scaling(config)
         self.learned_table = (
             nn.Embedding(config.native_context, config.d_model) if config.pe == "learned" else None
         )
@@ -95,14 +102,21 @@ class PositionalEncoding(nn.Module):
         *,
         device: torch.device,
         dtype: torch.dtype,
+        table_lengths: Sequence[int] | None = None,
     ) -> PositionalInputs:
         """Inputs for `query_length` new tokens per row after `past_lengths[i]` cached ones.
 
-        `scalings` has one entry per row.
+        `scalings` has one entry per row. `table_lengths[i]` is the sequence length whose table row
+        `i` reads when its scaling depends on the length (default: its length after this pass); a
+        chunked prefill passes the whole prompt's length so that every chunk uses one table.
         """
         for scaling in set(scalings):
             self.check_scaling(scaling)
-        rows = [_Row(past, scaling) for past, scaling in zip(past_lengths, scalings, strict=True)]
+        lengths = table_lengths or [past + query_length for past in past_lengths]
+        rows = [
+            _Row(past, scaling, self.table_key(scaling, length), length)
+            for past, scaling, length in zip(past_lengths, scalings, lengths, strict=True)
+        ]
         if len(set(rows)) == 1:
             rows = rows[:1]
         key_length = max(row.past for row in rows) + query_length
@@ -128,19 +142,23 @@ class PositionalEncoding(nn.Module):
         """
         return rope_seq_len_key(scaling, total_length) if self.config.pe == "rope" else None
 
+    def keeps_cached_keys(self, scaling: RopeScaling) -> bool:
+        """Whether cached entries stay as computed when the table changes (dynamic NTK, "hf" mode).
+
+        That is transformers' behaviour; every other scaling recomputes a sequence's entries when
+        its table changes, so that incremental decoding equals a fresh pass.
+        """
+        return scaling.type == "dynamic" and scaling.dynamic_mode == "hf"
+
     def _rope(
         self, rows: list[_Row], query_positions: Tensor, key_length: int, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor] | None:
         """cos/sin at the new positions, each row from the table for its own current length."""
         if self.config.pe != "rope":
             return None
-        total = [row.past + query_positions.shape[1] for row in rows]
-        row_keys = [
-            (row.scaling, self.table_key(row.scaling, length))
-            for row, length in zip(rows, total, strict=True)
-        ]
+        row_keys = [(row.scaling, row.table_key) for row in rows]
         tables: dict[tuple[RopeScaling, Hashable], RopeTables] = {}
-        for key, length in zip(row_keys, total, strict=True):
+        for key, length in zip(row_keys, (row.table_length for row in rows), strict=True):
             if key not in tables:
                 tables[key] = self.cache.rope(
                     self.config.rotary_dim,

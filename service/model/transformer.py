@@ -137,61 +137,76 @@ class Transformer(nn.Module):
         scaling: ScalingArg = None,
         cache: KVCache | None = None,
         last_n: int | None = None,
+        table_lengths: Sequence[int] | None = None,
     ) -> Tensor:
         """tokens [B, T] -> logits [B, T, vocab_size], or [B, last_n, vocab_size] for the last positions.
 
         `last_n` spares the output projection (and its memory) for positions nobody reads, such as
-        all but the last of a prompt.
+        all but the last of a prompt. `table_lengths` (one per row) sizes length-dependent RoPE
+        tables (see `PositionalEncoding.forward`).
 
-        With a cache, the result equals a full forward over each row's cached tokens followed by
-        `tokens`, for every scaling: rows whose RoPE table changed since their entries were
-        cached (dynamic NTK past the original context, LongRoPE crossing it) are recomputed from
-        their token ids with the current table. That costs a prefill per step while the table keeps
-        changing (dynamic), and nothing for static scalings.
+        With a cache, `tokens` are attended after each row's cached entries and the cache advances
+        by `T`, only once every layer has succeeded: a pass that raises leaves it as it was. Rows
+        whose table changed since their entries were cached are the caller's to refresh first
+        (`service.model.refresh`); the model computes, the batch decides.
         """
         scalings = self._row_scalings(scaling, tokens.shape[0])
-        if cache is None:
-            return self._forward(tokens, scalings, None, last_n)
-        tables = [
-            self.positions.table_key(row_scaling, past + tokens.shape[1])
-            for row_scaling, past in zip(scalings, cache.lengths, strict=True)
-        ]
-        stale = [
-            row
-            for row, (past, before, now) in enumerate(
-                zip(cache.lengths, cache.table_keys, tables, strict=True)
-            )
-            if past > 0 and before != now
-        ]
-        logits = self._forward(tokens, scalings, cache, last_n)
-        cache.advance(tokens, tables)
-        for row in stale:
-            logits[row] = self._recompute_row(cache, row, scalings[row], logits.shape[1])[0]
+        hidden = self._hidden(tokens, scalings, cache, table_lengths)
+        if last_n is not None:
+            hidden = hidden[:, -last_n:]
+        logits: Tensor = self.lm_head(self.norm(hidden))
+        if cache is not None:
+            self._advance(cache, tokens, scalings, table_lengths)
         return logits
 
-    def final_hidden(self, tokens: Tensor, *, scaling: ScalingArg = None) -> Tensor:
+    def final_hidden(
+        self,
+        tokens: Tensor,
+        *,
+        scaling: ScalingArg = None,
+        cache: KVCache | None = None,
+        table_lengths: Sequence[int] | None = None,
+    ) -> Tensor:
         """tokens [B, T] -> normed last hidden states [B, T, d_model], before the output head.
 
         For callers that project positions in chunks (scoring long inputs against a large vocabulary).
         """
-        hidden: Tensor = self.norm(self._hidden(tokens, self._row_scalings(scaling, tokens.shape[0]), None))
+        scalings = self._row_scalings(scaling, tokens.shape[0])
+        hidden: Tensor = self.norm(self._hidden(tokens, scalings, cache, table_lengths))
+        if cache is not None:
+            self._advance(cache, tokens, scalings, table_lengths)
         return hidden
 
-    def _forward(
-        self, tokens: Tensor, scalings: Sequence[RopeScaling], cache: KVCache | None, last_n: int | None
-    ) -> Tensor:
-        hidden = self._hidden(tokens, scalings, cache)
-        if last_n is not None:
-            hidden = hidden[:, -last_n:]
-        logits: Tensor = self.lm_head(self.norm(hidden))
-        return logits
+    def _advance(
+        self,
+        cache: KVCache,
+        tokens: Tensor,
+        scalings: Sequence[RopeScaling],
+        table_lengths: Sequence[int] | None,
+    ) -> None:
+        lengths = table_lengths or [past + tokens.shape[1] for past in cache.lengths]
+        keys = [self.positions.table_key(s, length) for s, length in zip(scalings, lengths, strict=True)]
+        cache.advance(tokens, keys)
 
-    def _hidden(self, tokens: Tensor, scalings: Sequence[RopeScaling], cache: KVCache | None) -> Tensor:
+    def _hidden(
+        self,
+        tokens: Tensor,
+        scalings: Sequence[RopeScaling],
+        cache: KVCache | None,
+        table_lengths: Sequence[int] | None,
+    ) -> Tensor:
         """The layers' output before the final norm; writes the new entries into `cache`."""
         batch, length = tokens.shape
         hidden: Tensor = self.embed_tokens(tokens) * self.config.embedding_scale  # [B, T, D]
         past_lengths = cache.lengths if cache is not None else [0] * batch
-        positions = self.positions(length, past_lengths, scalings, device=tokens.device, dtype=hidden.dtype)
+        positions = self.positions(
+            length,
+            past_lengths,
+            scalings,
+            device=tokens.device,
+            dtype=hidden.dtype,
+            table_lengths=table_lengths,
+        )
         if positions.absolute is not None:
             hidden = hidden + positions.absolute
         if cache is not None:
@@ -199,15 +214,6 @@ class Transformer(nn.Module):
         for index, layer in enumerate(self.layers):
             hidden = layer(hidden, positions, cache, index)
         return hidden  # [B, T, D]
-
-    def _recompute_row(self, cache: KVCache, row: int, scaling: RopeScaling, last_n: int) -> Tensor:
-        """Rebuild one row's entries from its tokens under its current table; logits [1, last_n, V]."""
-        tokens = cache.row_tokens(row).clone()  # [1, L]
-        fresh = self.new_cache(1, capacity=tokens.shape[1])
-        logits = self._forward(tokens, [scaling], fresh, last_n)
-        fresh.advance(tokens, [self.positions.table_key(scaling, tokens.shape[1])])
-        cache.replace_row(row, fresh)
-        return logits
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         """An empty cache on this model's device and dtype."""

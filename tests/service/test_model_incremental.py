@@ -13,7 +13,7 @@ import torch
 
 from pe_runtime import RopeScaling
 from service.model.transformer import Transformer
-from tests.conftest import TINY_CONFIG, rope_scalings, tiny_transformer
+from tests.conftest import TINY_CONFIG, cached_forward, rope_scalings, tiny_transformer
 
 NATIVE = 16
 PROMPT = 6
@@ -57,13 +57,13 @@ def test_greedy_incremental_logits_equal_full_forward(
     model = tiny_model(**overrides)
     tokens = torch.randint(0, 258, (1, PROMPT), generator=torch.Generator().manual_seed(1))
     cache = model.new_cache(1, capacity=8)  # small on purpose: growth is part of what is tested
-    logits = model(tokens, scaling=scaling, cache=cache)[:, -1]
+    logits = cached_forward(model, tokens, scaling, cache)[:, -1]
     while tokens.shape[1] < TOTAL:
         expected = last_logits_of_full_forward(model, tokens, scaling)
         assert (logits - expected).abs().max().item() <= TOLERANCE, f"diverged at length {tokens.shape[1]}"
         greedy = logits.argmax(dim=-1, keepdim=True)  # [1, 1]
         tokens = torch.cat([tokens, greedy], dim=1)
-        logits = model(greedy, scaling=scaling, cache=cache)[:, -1]
+        logits = cached_forward(model, greedy, scaling, cache)[:, -1]
 
 
 @torch.inference_mode()
@@ -77,11 +77,11 @@ def test_rows_with_different_lengths_and_scalings_match_each_row_alone() -> None
     caches = []
     for row, name in zip(rows, names, strict=True):
         cache = model.new_cache(1, capacity=row.shape[1])
-        model(row[:, :-1], scaling=SCALINGS[name], cache=cache)
+        cached_forward(model, row[:, :-1], SCALINGS[name], cache)
         caches.append(cache)
     batch_cache = type(caches[0]).concat(caches)
     next_tokens = torch.cat([row[:, -1:] for row in rows])  # [4, 1]
-    batched = model(next_tokens, scaling=[SCALINGS[name] for name in names], cache=batch_cache)[:, -1]
+    batched = cached_forward(model, next_tokens, [SCALINGS[name] for name in names], batch_cache)[:, -1]
     for index, (row, name) in enumerate(zip(rows, names, strict=True)):
         alone = last_logits_of_full_forward(model, row, SCALINGS[name])[0]
         assert (batched[index] - alone).abs().max().item() <= TOLERANCE, name
@@ -108,7 +108,7 @@ def test_the_same_code_runs_on_cuda(dtype: torch.dtype) -> None:
     scaling = SCALINGS["dynamic"]
     expected = cpu(tokens, scaling=scaling)[:, -1]
     cache = cuda.new_cache(2, capacity=TOTAL)
-    cuda(tokens[:, :-1].cuda(), scaling=scaling, cache=cache)
-    logits = cuda(tokens[:, -1:].cuda(), scaling=scaling, cache=cache)[:, -1].float().cpu()
+    cached_forward(cuda, tokens[:, :-1].cuda(), scaling, cache)
+    logits = cached_forward(cuda, tokens[:, -1:].cuda(), scaling, cache)[:, -1].float().cpu()
     tolerance = TOLERANCE if dtype == torch.float32 else 0.1
     assert (logits - expected).abs().max().item() <= tolerance

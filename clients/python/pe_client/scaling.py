@@ -42,6 +42,7 @@ class DynamicScaling(_Scaling):
     type: Literal["dynamic"] = "dynamic"
     factor: float
     original_max_position_embeddings: int | None = None
+    dynamic_mode: Literal["bucketed", "hf"] | None = None  # server default: "bucketed"
 
 
 class YarnScaling(_Scaling):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Response
 
 from service.api.deps import MetricsDep
@@ -12,4 +14,5 @@ router = APIRouter(tags=["operations"])
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
 async def metrics(service_metrics: MetricsDep) -> Response:
-    return Response(service_metrics.render(), media_type=CONTENT_TYPE)
+    body = await asyncio.to_thread(service_metrics.render)  # the engine process may take a moment
+    return Response(body, media_type=CONTENT_TYPE)

@@ -82,12 +82,19 @@ class NTKScaling(_Scaling):
 
 
 class DynamicScaling(_Scaling):
-    """Dynamic NTK: the base follows the current sequence length past the original context."""
+    """Dynamic NTK: the base follows the current sequence length past the original context.
+
+    `dynamic_mode` "bucketed" (default) follows the length rounded up to a bucket (the original
+    length times a power of sqrt 2) and recomputes the cached keys when the sequence enters the
+    next bucket, so generation equals a fresh pass over the same tokens; "hf" follows the exact
+    length and keeps cached keys as computed, which reproduces transformers' `generate()`.
+    """
 
     model_config = _examples("dynamic")
     type: Literal["dynamic"]
     factor: Factor
     original_max_position_embeddings: Positions | None = None
+    dynamic_mode: Literal["bucketed", "hf"] = "bucketed"
 
 
 class YarnScaling(_Scaling):

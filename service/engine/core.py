@@ -1,0 +1,259 @@
+"""`EngineCore`: the scheduler, one synchronous `step()` at a time, with no threads and no handles.
+
+A step (1) drops cancelled requests, (2) admits waiting ones while their model's batch has room
+(scoring needs no batch slot), (3) runs one decode step for every model with decoding rows, and
+(4) spends what is left of the step's token budget on prompt chunks and scoring chunks, taking the
+candidates round-robin so that one long document cannot starve another model's prompts. Whatever
+the step produced for every request comes back as one `StepOutput`: the in-process engine hands it
+to its handles, the engine process sends it to the API process in one message.
+
+Requests of one model share the decode pass whatever their `pe_scaling`: every row carries its
+own scaling down to the RoPE tables, so mixing scalings costs no extra pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from service.engine.batch import ModelBatch, StepOutcome
+from service.engine.errors import EngineError, RequestCancelledError, RequestFailedError
+from service.engine.handle import Item
+from service.engine.models import ServedModel
+from service.engine.sampler import sample_rows
+from service.engine.scoring import ChunkedScorer
+from service.engine.sequence import RunningSequence
+from service.engine.types import GenerationRequest, PEInfo, ScoreRequest, ScoreResult, Timing
+
+logger = logging.getLogger("service.engine.core")
+
+# Tokens of prompt and scoring chunks one step may run besides its decode rows. Small enough that a
+# step over a zoo model stays within a few decode steps' time on two CPU cores (the inter-token gap
+# of running streams), large enough that prompts are read in efficient matrix products.
+DEFAULT_STEP_TOKEN_BUDGET = 256
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated request on its way to the core; `pe` is what the response reports."""
+
+    key: int  # unique per front-end, unlike request ids, which callers choose
+    request: GenerationRequest | ScoreRequest
+    pe: PEInfo
+    submitted_at: float
+
+
+@dataclass
+class StepOutput:
+    """Everything one step produced: events per job key, jobs that started, and counters."""
+
+    events: list[tuple[int, Item]] = field(default_factory=list)
+    started: list[int] = field(default_factory=list)
+    running: int = 0
+    batch_size: int = 0
+    generated_total: int = 0
+
+
+@dataclass
+class _ScoreJob:
+    job: Job
+    request: ScoreRequest
+    scorer: ChunkedScorer
+    started_at: float
+
+
+class EngineCore:
+    def __init__(
+        self,
+        models: Sequence[ServedModel],
+        *,
+        max_batch_size: int = 16,
+        step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET,
+    ) -> None:
+        self._models = {served.name: served for served in models}
+        self.max_batch_size = max_batch_size
+        self.step_token_budget = step_token_budget
+        self._batches = {name: ModelBatch(served.model) for name, served in self._models.items()}
+        self._waiting: dict[str, deque[Job]] = {name: deque() for name in self._models}
+        self._scoring: deque[_ScoreJob] = deque()
+        self._cancelled: set[int] = set()
+        self._turn = 0
+        self._generated_total = 0
+        self._output = StepOutput()
+
+    def add(self, job: Job) -> None:
+        self._waiting[job.request.model].append(job)
+
+    def cancel(self, key: int) -> None:
+        """Drop the job at the next step, wherever it is; unknown keys are ignored."""
+        self._cancelled.add(key)
+
+    def has_work(self) -> bool:
+        return bool(
+            self._cancelled
+            or self._scoring
+            or any(self._waiting.values())
+            or any(map(len, self._batches.values()))
+        )
+
+    def step(self) -> StepOutput:
+        self._drop_cancelled()
+        for name in self._models:
+            self._admit(name)
+        budget = self.step_token_budget
+        for batch in self._batches.values():
+            if batch.decoding:
+                budget -= batch.decoding
+                self._accept(batch.decode())
+        self._run_chunks(max(budget, self.step_token_budget // 4))
+        for batch in self._batches.values():
+            self._release_finished(batch)
+        return self._flush()
+
+    def abort_all(self, error: EngineError) -> StepOutput:
+        """Fail every request the core holds (shutdown, or a crash of the step loop)."""
+        for batch in self._batches.values():
+            for sequence in batch.retain(lambda _: False):
+                if sequence.finish_reason != "error":
+                    self._emit(sequence.key, error)
+        for waiting in self._waiting.values():
+            while waiting:
+                self._emit(waiting.popleft().key, error)
+        while self._scoring:
+            self._emit(self._scoring.popleft().job.key, error)
+        self._cancelled.clear()
+        return self._flush()
+
+    # -- a step's parts -------------------------------------------------------------------------
+
+    def _drop_cancelled(self) -> None:
+        if not self._cancelled:
+            return
+        cancelled, self._cancelled = self._cancelled, set()
+        for name, waiting in self._waiting.items():
+            for job in [job for job in waiting if job.key in cancelled]:
+                waiting.remove(job)
+                self._emit(job.key, RequestCancelledError("the request was cancelled before it started"))
+            for sequence in self._batches[name].sequences:
+                if sequence.key in cancelled and sequence.finish_reason is None:
+                    sequence.finish_reason = "cancelled"
+        for score in [score for score in self._scoring if score.job.key in cancelled]:
+            self._scoring.remove(score)
+            self._emit(score.job.key, RequestCancelledError("the request was cancelled"))
+
+    def _admit(self, name: str) -> None:
+        """Start waiting requests while the model's batch has room (scoring needs no slot)."""
+        waiting, batch, served = self._waiting[name], self._batches[name], self._models[name]
+        now = time.perf_counter()
+        while waiting and (isinstance(waiting[0].request, ScoreRequest) or len(batch) < self.max_batch_size):
+            job = waiting.popleft()
+            self._output.started.append(job.key)
+            if isinstance(job.request, ScoreRequest):
+                scaling = served.effective_scaling(job.request.scaling)
+                self._scoring.append(
+                    _ScoreJob(job, job.request, ChunkedScorer(served.model, job.request.tokens, scaling), now)
+                )
+                continue
+            sequence = RunningSequence(job.key, job.request, served, job.pe, job.submitted_at)
+            sequence.started_at = now
+            batch.add(sequence)
+
+    def _run_chunks(self, budget: int) -> None:
+        """Prompt and scoring chunks, round-robin over the candidates, until the budget is spent."""
+        candidates: list[ModelBatch | _ScoreJob] = [b for b in self._batches.values() if b.prefilling]
+        candidates += list(self._scoring)
+        if not candidates:
+            return
+        self._turn = (self._turn + 1) % len(candidates)
+        for candidate in candidates[self._turn :] + candidates[: self._turn]:
+            if budget <= 0:
+                return
+            if isinstance(candidate, ModelBatch):
+                outcome, spent = candidate.prefill_chunk(budget)
+                self._accept(outcome)
+            else:
+                spent = self._score_chunk(candidate, budget)
+            budget -= spent
+
+    def _score_chunk(self, score: _ScoreJob, budget: int) -> int:
+        try:
+            spent = score.scorer.advance(budget)
+        except Exception as error:
+            self._scoring.remove(score)
+            self._emit(score.job.key, _as_engine_error(error))
+            return 0
+        if not score.scorer.remaining:
+            self._scoring.remove(score)
+            self._emit(score.job.key, _score_result(score))
+        return spent
+
+    def _accept(self, outcome: StepOutcome) -> None:
+        """Sample every row that ran; a row with non-finite logits or a failed pass fails alone."""
+        for sequence, error in outcome.failed:
+            self._fail(sequence, error)
+        if not outcome.rows:
+            return
+        finite = torch.isfinite(outcome.logits).all(dim=-1).tolist()
+        live = [
+            row for row, sequence in enumerate(outcome.rows) if finite[row] and sequence.finish_reason is None
+        ]
+        for row, sequence in enumerate(outcome.rows):
+            if not finite[row]:
+                self._fail(
+                    sequence, RequestFailedError("the model produced non-finite logits for this request")
+                )
+        if not live:
+            return
+        picks = sample_rows([outcome.rows[row].sampler for row in live], outcome.logits[live])
+        for row, (token, logprob) in zip(live, picks, strict=True):
+            sequence = outcome.rows[row]
+            self._emit(sequence.key, sequence.accept(token, logprob))
+        self._generated_total += len(live)
+
+    def _fail(self, sequence: RunningSequence, error: Exception) -> None:
+        if sequence.finish_reason is None:
+            sequence.finish_reason = "error"
+            self._emit(sequence.key, _as_engine_error(error))
+
+    def _release_finished(self, batch: ModelBatch) -> None:
+        """Drop finished and cancelled rows; send each its final result (errors were sent already)."""
+        for sequence in batch.retain(lambda sequence: sequence.finish_reason is None):
+            if sequence.finish_reason != "error":
+                self._emit(sequence.key, sequence.result())
+
+    def _emit(self, key: int, item: Item) -> None:
+        self._output.events.append((key, item))
+
+    def _flush(self) -> StepOutput:
+        output, self._output = self._output, StepOutput()
+        output.running = sum(map(len, self._batches.values()))
+        output.batch_size = max((batch.decoding for batch in self._batches.values()), default=0)
+        output.generated_total = self._generated_total
+        return output
+
+
+def _score_result(score: _ScoreJob) -> ScoreResult:
+    logprobs = score.scorer.result()
+    return ScoreResult(
+        tokens=score.request.tokens,
+        token_logprobs=tuple(logprobs),
+        total_logprob=sum(value for value in logprobs if value is not None),
+        pe=score.job.pe,
+        timing=Timing(
+            queue_ms=(score.started_at - score.job.submitted_at) * 1000.0,
+            prefill_ms=(time.perf_counter() - score.started_at) * 1000.0,
+            decode_ms=0.0,
+        ),
+    )
+
+
+def _as_engine_error(error: Exception) -> EngineError:
+    if isinstance(error, EngineError):
+        return error
+    logger.error("request failed: %r", error)
+    return RequestFailedError(f"the request failed in the engine: {error}")

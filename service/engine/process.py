@@ -1,0 +1,115 @@
+"""The engine process: the engine core and the models, with an interpreter lock of its own.
+
+The API process starts it (`EngineClient.launch`) with a spawn context and one duplex pipe. Over
+the pipe, messages are tuples:
+
+- to the engine: `("add", Job)`, `("cancel", job_key)`, `("metrics", nonce)`, `("shutdown",)`;
+- from the engine: `("ready", [ModelSpec, ...])` once the models are loaded, or `("failed", text)`;
+  then `("step", StepOutput)`, one per step with every request's events of that step, and
+  `("metrics", nonce, text)` in answer to a metrics request.
+
+While the core has work the loop only peeks at the pipe between steps; when it is idle it blocks
+on the pipe, so an idle engine costs no CPU. The process exits when told to shut down or when the
+pipe closes (the API process is gone), so it never outlives its server.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.config
+import os
+import signal
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    REGISTRY,
+    ProcessCollector,
+    generate_latest,
+)
+
+from service.engine.core import DEFAULT_STEP_TOKEN_BUDGET, EngineCore
+from service.engine.engine import load_models
+from service.engine.errors import EngineDrainingError
+
+logger = logging.getLogger("service.engine.process")
+
+# The engine process's own process metrics are exported as pe_engine_process_*, beside the API
+# process's process_* families, so one /metrics page can carry both without a name clash.
+ENGINE_METRICS_NAMESPACE = "pe_engine"
+
+
+@dataclass(frozen=True)
+class EngineProcessConfig:
+    """What the engine process is told at start; picklable."""
+
+    model_dirs: tuple[Path, ...]
+    device: str = "auto"
+    dtype: str | None = None
+    max_context: int = 4096
+    max_batch_size: int = 16
+    step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET
+    torch_threads: int = 0  # 0: every core of the machine
+    log_config: dict[str, Any] | None = field(default=None, compare=False)
+
+
+def engine_main(connection: Connection, config: EngineProcessConfig) -> None:
+    """Entry point of the engine process."""
+    # Stopping is the API process's call, through the pipe: a Ctrl-C or a SIGTERM sent to the whole
+    # process group must not kill the engine while the server is draining its requests.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if config.log_config is not None:
+        logging.config.dictConfig(config.log_config)
+    torch.set_num_threads(config.torch_threads or os.cpu_count() or 1)
+    _own_process_metrics()
+    try:
+        models = load_models(
+            config.model_dirs, device=config.device, dtype=config.dtype, max_context=config.max_context
+        )
+    except Exception as error:
+        logger.exception("model loading failed in the engine process")
+        connection.send(("failed", f"{type(error).__name__}: {error}"))
+        return
+    core = EngineCore(
+        models, max_batch_size=config.max_batch_size, step_token_budget=config.step_token_budget
+    )
+    connection.send(("ready", [served.spec for served in models]))
+    try:
+        _serve(connection, core)
+    except (EOFError, OSError):
+        logger.info("the API process went away; the engine process stops")
+
+
+def _serve(connection: Connection, core: EngineCore) -> None:
+    while True:
+        idle = not core.has_work()
+        while connection.poll(None if idle else 0):
+            message = connection.recv()
+            kind = message[0]
+            if kind == "add":
+                core.add(message[1])
+            elif kind == "cancel":
+                core.cancel(message[1])
+            elif kind == "metrics":
+                connection.send(("metrics", message[1], generate_latest(REGISTRY)))
+            elif kind == "shutdown":
+                error = EngineDrainingError("the engine shut down before this request finished")
+                connection.send(("step", core.abort_all(error)))
+                return
+            idle = False
+        if core.has_work():
+            connection.send(("step", core.step()))
+
+
+def _own_process_metrics() -> None:
+    """Swap the default process, platform and GC collectors for namespaced process metrics."""
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        REGISTRY.unregister(collector)
+    ProcessCollector(namespace=ENGINE_METRICS_NAMESPACE, registry=REGISTRY)
