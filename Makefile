@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.pe_cache
 	$(BIN)/python -m bench.extrapolation
 	$(BIN)/python -m bench.throughput
+	$(BIN)/python -m bench.serving
 
 docker-smoke:
 	bash scripts/docker_smoke.sh

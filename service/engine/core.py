@@ -13,6 +13,7 @@ own scaling down to the RoPE tables, so mixing scalings costs no extra pass.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
@@ -50,10 +51,9 @@ class Job:
 
 @dataclass
 class StepOutput:
-    """Everything one step produced: events per job key, jobs that started, and counters."""
+    """Everything one step produced: events per job key, and counters."""
 
     events: list[tuple[int, Item]] = field(default_factory=list)
-    started: list[int] = field(default_factory=list)
     running: int = 0
     batch_size: int = 0
     generated_total: int = 0
@@ -87,7 +87,15 @@ class EngineCore:
         self._output = StepOutput()
 
     def add(self, job: Job) -> None:
-        self._waiting[job.request.model].append(job)
+        """Queue a generation for a batch slot; a scoring job needs none and joins the scoring line."""
+        if isinstance(job.request, ScoreRequest):
+            served = self._models[job.request.model]
+            scorer = ChunkedScorer(
+                served.model, job.request.tokens, served.effective_scaling(job.request.scaling)
+            )
+            self._scoring.append(_ScoreJob(job, job.request, scorer, time.perf_counter()))
+        else:
+            self._waiting[job.request.model].append(job)
 
     def cancel(self, key: int) -> None:
         """Drop the job at the next step, wherever it is; unknown keys are ignored."""
@@ -110,7 +118,7 @@ class EngineCore:
             if batch.decoding:
                 budget -= batch.decoding
                 self._accept(batch.decode())
-        self._run_chunks(max(budget, self.step_token_budget // 4))
+        self._run_chunks(max(budget, self.step_token_budget // 4))  # prompts always progress
         for batch in self._batches.values():
             self._release_finished(batch)
         return self._flush()
@@ -147,26 +155,24 @@ class EngineCore:
             self._emit(score.job.key, RequestCancelledError("the request was cancelled"))
 
     def _admit(self, name: str) -> None:
-        """Start waiting requests while the model's batch has room (scoring needs no slot)."""
+        """Start waiting generations while the model's batch has room."""
         waiting, batch, served = self._waiting[name], self._batches[name], self._models[name]
         now = time.perf_counter()
-        while waiting and (isinstance(waiting[0].request, ScoreRequest) or len(batch) < self.max_batch_size):
+        while waiting and len(batch) < self.max_batch_size:
             job = waiting.popleft()
-            self._output.started.append(job.key)
-            if isinstance(job.request, ScoreRequest):
-                scaling = served.effective_scaling(job.request.scaling)
-                self._scoring.append(
-                    _ScoreJob(job, job.request, ChunkedScorer(served.model, job.request.tokens, scaling), now)
-                )
-                continue
+            assert isinstance(job.request, GenerationRequest)
             sequence = RunningSequence(job.key, job.request, served, job.pe, job.submitted_at)
             sequence.started_at = now
             batch.add(sequence)
 
     def _run_chunks(self, budget: int) -> None:
-        """Prompt and scoring chunks, round-robin over the candidates, until the budget is spent."""
+        """Prompt and scoring chunks, round-robin over the candidates, until the budget is spent.
+
+        At most `max_batch_size` documents are scored at once (each holds a KV cache while it runs);
+        the others wait their turn in arrival order.
+        """
         candidates: list[ModelBatch | _ScoreJob] = [b for b in self._batches.values() if b.prefilling]
-        candidates += list(self._scoring)
+        candidates += list(itertools.islice(self._scoring, self.max_batch_size))
         if not candidates:
             return
         self._turn = (self._turn + 1) % len(candidates)

@@ -12,6 +12,7 @@ import itertools
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections import Counter
 
 from pe_runtime import RopeScaling
 from service.engine.catalog import ModelCatalog
@@ -28,7 +29,7 @@ class EngineFrontend(ABC):
         self.max_queue = max_queue
         self._lock = threading.Lock()
         self._handles: dict[int, EngineHandle] = {}  # by job key
-        self._queued: set[int] = set()  # submitted, not yet started by the core
+        self._generating: dict[int, str] = {}  # job key -> model, for generations in flight
         self._keys = itertools.count()
         self._draining = False
         self._core_stats = StepOutput()
@@ -58,20 +59,22 @@ class EngineFrontend(ABC):
         with self._lock:
             if self._draining or not self.healthy():
                 raise EngineDrainingError("the engine is draining or stopped and accepts no new requests")
-            if self.max_queue and len(self._queued) >= self.max_queue:
+            generating = isinstance(request, GenerationRequest)
+            if generating and self.max_queue and self._queue_depth() >= self.max_queue:
                 raise QueueFullError(
                     f"the queue is full ({self.max_queue} requests waiting)",
                     retry_after_s=self._retry_after(),
                 )
             self._handles[key] = handle
-            self._queued.add(key)
+            if generating:
+                self._generating[key] = request.model
         self._send(Job(key, request, pe, time.perf_counter()))
         return handle
 
     def stats(self) -> EngineStats:
         with self._lock:
             return EngineStats(
-                queue_depth=len(self._queued),
+                queue_depth=self._queue_depth(),
                 running=self._core_stats.running,
                 batch_size=self._core_stats.batch_size,
                 generated_tokens_total=self._core_stats.generated_total,
@@ -118,24 +121,19 @@ class EngineFrontend(ABC):
     def _deliver(self, output: StepOutput) -> None:
         """Route one step's events to their handles; forget requests that got their final item."""
         with self._lock:
-            self._queued.difference_update(output.started)
             self._core_stats = output
-            routed = [
-                (self._handles[request_id], item)
-                for request_id, item in output.events
-                if request_id in self._handles
-            ]
-            for request_id, item in output.events:
+            routed = [(self._handles[key], item) for key, item in output.events if key in self._handles]
+            for key, item in output.events:
                 if is_final(item):
-                    self._handles.pop(request_id, None)
-                    self._queued.discard(request_id)
+                    self._handles.pop(key, None)
+                    self._generating.pop(key, None)
         deliver(routed)
 
     def _fail_request(self, key: int, error: EngineError) -> None:
         """One job fails before the core saw it (it could not be sent)."""
         with self._lock:
             handle = self._handles.pop(key, None)
-            self._queued.discard(key)
+            self._generating.pop(key, None)
         if handle is not None:
             handle.push(error)
 
@@ -143,10 +141,19 @@ class EngineFrontend(ABC):
         """Every request in flight fails with `error` (the core is gone)."""
         with self._lock:
             handles, self._handles = self._handles, {}
-            self._queued.clear()
+            self._generating.clear()
             self._core_stats = StepOutput()
         deliver([(handle, error) for handle in handles.values()])
 
+    def _queue_depth(self) -> int:
+        """Generations waiting for a batch slot: in flight beyond each model's batch size.
+
+        Counted here rather than reported by the core, so that admission does not depend on how
+        recently the engine process last spoke. Scoring needs no batch slot and never queues here.
+        """
+        per_model = Counter(self._generating.values())
+        return sum(max(0, count - self.max_batch_size) for count in per_model.values())
+
     def _retry_after(self) -> float:
         """A rough wait: one second per batch-load of queued work, at least one."""
-        return max(1.0, len(self._queued) / max(self.max_batch_size, 1))
+        return max(1.0, self._queue_depth() / max(self.max_batch_size, 1))

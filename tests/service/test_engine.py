@@ -141,14 +141,17 @@ def test_a_request_cancelled_while_queued_never_starts(rope_dir: Path) -> None:
 
 
 def test_a_full_queue_refuses_at_once_and_queued_requests_still_run(rope_dir: Path) -> None:
-    with running_engine([rope_dir], start=False, max_queue=2) as engine:
-        queued = [engine.submit(generation(i, max_new_tokens=3)) for i in range(2)]
+    """One batch slot and two queue places: the fourth generation in flight is refused."""
+    with running_engine([rope_dir], start=False, max_queue=2, max_batch_size=1) as engine:
+        queued = [engine.submit(generation(i, max_new_tokens=3)) for i in range(3)]
         with pytest.raises(QueueFullError) as refused:
-            engine.submit(generation(2))
+            engine.submit(generation(3))
         assert refused.value.retry_after_s >= 1.0
         assert engine.stats().queue_depth == 2
+        scored = engine.submit(ScoreRequest("s", MODEL, PROMPTS[0]))  # scoring needs no batch slot
         engine.start()
         assert all(len(result_of(handle).tokens) == 3 for handle in queued)
+        assert isinstance(list(scored)[-1], ScoreResult)
 
 
 def test_non_finite_logits_fail_only_their_request(tmp_path: Path) -> None:

@@ -96,31 +96,47 @@ def test_sharded_checkpoint_loads(tmp_path: Path) -> None:
     assert_same_logits(reference, tmp_path)
 
 
-def test_engine_serves_a_hugging_face_directory_like_generate(tmp_path: Path) -> None:
+# Chunked: a prompt of 50 read 16 tokens per step. Dynamic NTK runs past max_position_embeddings (64): the prompt stays within it, generation leaves it,
+# so transformers switches tables mid-generation and keeps its cached keys, as the "hf" mode does.
+GENERATE_CASES: dict[str, tuple[dict[str, Any], int, int]] = {
+    "default": ({"rope_type": "default"}, 4, 12),
+    "default-chunked": ({"rope_type": "default"}, 50, 12),
+    "dynamic-hf": ({"rope_type": "dynamic", "factor": 2.0}, 50, 40),
+}
+
+
+@pytest.mark.parametrize("case", list(GENERATE_CASES))
+def test_engine_serves_a_hugging_face_directory_like_generate(tmp_path: Path, case: str) -> None:
     """Greedy tokens from the engine equal transformers' greedy `generate()` on the same files."""
+    rope_parameters, prompt_length, new_tokens = GENERATE_CASES[case]
     directory = tmp_path / "tiny-llama"
-    reference = save_random_model(directory, eos_token_id=None)  # generate the full length in both
+    reference = save_random_model(  # eos None: generate the full length in both
+        directory, eos_token_id=None, rope_parameters=rope_parameters | {"rope_theta": 10000.0}
+    )
     vocabulary = {f"w{i}": i for i in range(VOCAB)}
     tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="w0"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(directory / "tokenizer.json"))
-    engine = InferenceEngine.from_model_dirs([directory], device="cpu", dtype="float32")
+    engine = InferenceEngine.from_model_dirs([directory], device="cpu", dtype="float32", step_token_budget=16)
     engine.start()
+    words = [5, 17, 42, 3, *range(48, 44 + prompt_length)]  # never 0, the pad id generate() masks
     try:
-        prompt = engine.encode("tiny-llama", "w5 w17 w42 w3")
-        assert prompt == [5, 17, 42, 3]
+        prompt = engine.encode("tiny-llama", " ".join(f"w{word}" for word in words))
+        assert prompt == words
         request = GenerationRequest(
             request_id="hf",
             model="tiny-llama",
             prompt_tokens=tuple(prompt),
-            sampling=SamplingParams(max_new_tokens=12, temperature=0.0),
+            sampling=SamplingParams(max_new_tokens=new_tokens, temperature=0.0),
         )
         result = list(engine.submit(request))[-1]
         assert isinstance(result, GenerationResult)
     finally:
         engine.shutdown()
     expected = reference.generate(
-        torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0
+        torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
     )[0, len(prompt) :]
     assert list(result.tokens) == expected.tolist()
     assert json.loads((directory / "config.json").read_text())["model_type"] == "llama"
+    if case == "dynamic-hf":
+        assert result.pe.scaling is not None and result.pe.scaling.dynamic_mode == "hf"

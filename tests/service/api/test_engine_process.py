@@ -1,0 +1,88 @@
+"""The engine process under a real server: killed mid-request, restarted, and given up on.
+
+The engine runs in a child process of `pe-serve`; these tests kill it with SIGKILL, as the kernel's
+OOM killer or a crashing kernel would, and check what a client and an orchestrator see.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+from pathlib import Path
+
+import httpx
+
+from tests.live_server import LiveServer, live_server
+from tests.service.api.conftest import BASE_OPTIONS, SERVER_ENV
+from tests.service.api.helpers import assert_error_shape, wait_for
+
+LONG_CONTEXT = 4096
+STREAM = {"prompt": "a", "max_new_tokens": 3000, "temperature": 0, "stream": True}
+
+
+def engine_pid(server: LiveServer) -> int:
+    """The server's child started by multiprocessing's spawn (its resource tracker is another child)."""
+    tasks = Path(f"/proc/{server.process.pid}/task")
+    children = {int(pid) for task in tasks.iterdir() for pid in (task / "children").read_text().split()}
+    engines = [pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(engines) == 1, children
+    return engines[0]
+
+
+def first_event_then_the_rest(client: httpx.Client, started: threading.Event) -> list[dict[str, object]]:
+    events: list[dict[str, object]] = []
+    with client.stream("POST", "/generate", json=STREAM) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line.removeprefix("data: ")))
+                started.set()
+    return events
+
+
+def test_a_killed_engine_fails_its_requests_at_once_and_is_restarted(tiny_zoo: list[Path]) -> None:
+    options = {**BASE_OPTIONS, "max_context": LONG_CONTEXT}
+    with (
+        live_server(tiny_zoo[:1], options=options, env=SERVER_ENV) as server,
+        httpx.Client(base_url=server.base_url, timeout=60.0) as client,
+    ):
+        first_engine = engine_pid(server)
+        started = threading.Event()
+        streamed: list[list[dict[str, object]]] = []
+        reader = threading.Thread(target=lambda: streamed.append(first_event_then_the_rest(client, started)))
+        reader.start()
+        assert started.wait(30), "the stream never started"
+        os.kill(first_engine, signal.SIGKILL)
+        reader.join(10)
+        assert not reader.is_alive(), "the stream hung after the engine died"
+        wait_for(lambda: client.get("/readyz").status_code == 503, "readyz to report the dead engine")
+        assert_error_shape(client.get("/readyz"), 503)
+        events = streamed[0]
+        assert "token" in events[0]
+        error = events[-1]["error"]
+        assert isinstance(error, dict) and error["type"] == "service_unavailable"
+        assert "engine process stopped" in error["message"]
+        wait_for(lambda: client.get("/readyz").status_code == 200, "the restarted engine", timeout=120)
+        assert engine_pid(server) != first_engine
+        again = client.post("/generate", json={"prompt": "a", "max_new_tokens": 4, "temperature": 0})
+        assert again.status_code == 200, again.text
+        assert again.json()["usage"]["completion_tokens"] == 4
+        metrics = client.get("/metrics").text
+        assert "pe_engine_process_resident_memory_bytes" in metrics
+        assert "process_resident_memory_bytes" in metrics.replace("pe_engine_process_resident", "")
+        assert "pe_cache_hits_total" in metrics
+        assert server.process.poll() is None
+
+
+def test_an_engine_that_cannot_come_back_makes_the_server_exit_non_zero(
+    tiny_zoo: list[Path], tmp_path: Path
+) -> None:
+    checkpoint = shutil.copytree(tiny_zoo[0], tmp_path / tiny_zoo[0].name)
+    with live_server([checkpoint], options=BASE_OPTIONS, env=SERVER_ENV) as server:
+        shutil.rmtree(checkpoint)  # the restart cannot load it again
+        os.kill(engine_pid(server), signal.SIGKILL)
+        assert server.wait(timeout=120) == 1
+        assert "the engine process could not be restarted" in server.logs()
