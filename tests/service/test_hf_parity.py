@@ -96,8 +96,9 @@ def test_sharded_checkpoint_loads(tmp_path: Path) -> None:
     assert_same_logits(reference, tmp_path)
 
 
-# Chunked: a prompt of 50 read 16 tokens per step. Dynamic NTK runs past max_position_embeddings (64): the prompt stays within it, generation leaves it,
-# so transformers switches tables mid-generation and keeps its cached keys, as the "hf" mode does.
+# Chunked: a prompt of 50 read 16 tokens per step. Dynamic NTK runs past max_position_embeddings
+# (64): the prompt stays within it, generation leaves it, so transformers switches tables
+# mid-generation and keeps its cached keys, as the "hf" mode does.
 GENERATE_CASES: dict[str, tuple[dict[str, Any], int, int]] = {
     "default": ({"rope_type": "default"}, 4, 12),
     "default-chunked": ({"rope_type": "default"}, 50, 12),
