@@ -124,6 +124,32 @@ def test_dynamic_keys_on_the_length_only_past_the_original() -> None:
     assert len(short) == 1 and len(long) == 2 and not short & long
 
 
+def test_bucketed_dynamic_shares_one_table_per_bucket() -> None:
+    """Bucketed dynamic NTK: lengths 65..90 share the 91 bucket (original 64), 91 and 92 do not."""
+    cache = _cache()
+    dynamic = RopeScaling(type="dynamic", factor=4.0, original_max_position_embeddings=64)
+    assert dynamic.dynamic_mode == "bucketed"
+    first = {_storage(_fetch(cache, scaling=dynamic, seq_len=n)) for n in range(65, 91)}
+    assert len(first) == 1
+    assert _storage(_fetch(cache, scaling=dynamic, seq_len=92)) not in first
+
+
+def test_length_dependent_tables_never_evict_static_ones() -> None:
+    """Dynamic NTK in hf mode builds a table per length; they churn a budget of their own."""
+    table_bytes = 2 * 128 * 16 * 4  # cos + sin [128, head_dim 16] float32: 100 positions grown to 128
+    cache = PECache(4 * table_bytes, length_dependent_budget_bytes_per_device=2 * table_bytes, registry=None)
+    static = _storage(_fetch(cache))
+    hf_dynamic = RopeScaling(
+        type="dynamic", factor=4.0, original_max_position_embeddings=64, dynamic_mode="hf"
+    )
+    for seq_len in range(65, 100):
+        _fetch(cache, scaling=hf_dynamic, seq_len=seq_len)
+    assert _storage(_fetch(cache)) == static
+    stats = cache.stats()
+    assert stats.bytes["cpu"] <= 3 * table_bytes
+    assert stats.evictions["cpu"] == len(range(65, 100)) - 2
+
+
 def test_longrope_keys_on_the_side_of_the_original_length() -> None:
     cache = _cache()
     longrope = RopeScaling(
