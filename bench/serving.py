@@ -161,12 +161,12 @@ def free_port() -> int:
         return port
 
 
-def server_command(model_dir: Path | str, port: int | str) -> list[str]:
+def server_command(model_dir: Path | str, port: int | str, threads: int) -> list[str]:
     """The server exactly as a user would start it, one process serving every section."""
     return [
         *("-m", "service", "--host", "127.0.0.1", "--port", str(port), "--model-dir", str(model_dir)),
         *("--device", "cpu", "--dtype", "float32", "--max-context", str(MAX_CONTEXT)),
-        *("--max-batch-size", str(MAX_BATCH_SIZE), "--max-queue", "0"),
+        *("--max-batch-size", str(MAX_BATCH_SIZE), "--max-queue", "0", "--torch-threads", str(threads)),
     ]
 
 
@@ -204,7 +204,7 @@ def running_server(model_dir: Path, threads: int, log_path: Path) -> Iterator[st
     }
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, *server_command(model_dir, port)],
+            [sys.executable, *server_command(model_dir, port, threads)],
             cwd=REPO_ROOT,
             env=environment,
             stdout=log,
@@ -761,7 +761,7 @@ def verdict(met: bool) -> str:
 def report(header: Header, sizes: Sizes, results: Results) -> str:
     import transformers
 
-    server = shlex.join(["python", *server_command("MODEL_COPY", "PORT")])
+    server = shlex.join(["python", *server_command("MODEL_COPY", "PORT", header.threads)])
     lines = [
         "# Serving: the real server over HTTP vs. in-process and transformers `generate()`",
         "",

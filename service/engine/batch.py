@@ -29,6 +29,8 @@ from service.model.transformer import Transformer
 
 logger = logging.getLogger("service.engine.batch")
 
+_PAD = 0  # fills a prompt chunk to the group's width; never kept (see `Transformer.forward`)
+
 
 @dataclass
 class StepOutcome:
@@ -93,26 +95,31 @@ class ModelBatch:
     def sequences(self) -> list[RunningSequence]:
         return self._prefilling.sequences + self._decoding.sequences
 
-    def add(self, sequence: RunningSequence) -> None:
-        """Start reading a prompt; the cache is sized for the whole request up front."""
-        request = sequence.request
-        capacity = len(request.prompt_tokens) + request.sampling.max_new_tokens
-        self._prefilling.join([sequence], self.model.new_cache(1, capacity))
+    def add(self, sequences: list[RunningSequence]) -> None:
+        """Start reading prompts; one cache for all of them, sized for the whole requests."""
+        capacity = max(len(s.request.prompt_tokens) + s.request.sampling.max_new_tokens for s in sequences)
+        self._prefilling.join(sequences, self.model.new_cache(len(sequences), capacity))
 
     def prefill_chunk(self, budget: int) -> tuple[StepOutcome, int]:
         """Advance every prefilling row by up to `budget` tokens in all.
 
-        Returns the rows whose prompt is now complete, with their next-token logits (they have moved
-        to the decoding group), the rows that failed, and the number of tokens the pass ran.
+        Rows take the same width; a row with fewer prompt tokens left is padded to it, so that one
+        row close to the end of its prompt never slows the others down to its pace. Returns the
+        rows whose prompt is now complete, with their next-token logits (they have moved to the
+        decoding group), the rows that failed, and the number of tokens the pass ran.
         """
         group = self._prefilling
-        width = max(1, min(min(s.prompt_remaining for s in group.sequences), budget // len(group)))
-        chunks = [sequence.next_prompt_chunk(width) for sequence in group.sequences]
+        width = max(1, min(max(s.prompt_remaining for s in group.sequences), budget // len(group)))
+        counts = [min(width, sequence.prompt_remaining) for sequence in group.sequences]
+        chunks = [
+            sequence.next_prompt_chunk(count) + (_PAD,) * (width - count)
+            for sequence, count in zip(group.sequences, counts, strict=True)
+        ]
         # Every chunk of a prompt reads the table for the whole prompt: no row changes table mid-prompt.
         lengths = [len(sequence.request.prompt_tokens) for sequence in group.sequences]
-        result = self._run(group, chunks, lengths)
+        result = self._run(group, chunks, lengths, counts)
         for row in result.logits:
-            group.sequences[row].prefilled += width
+            group.sequences[row].prefilled += counts[row]
         ready = [row for row in result.logits if not group.sequences[row].prompt_remaining]
         outcome = self._outcome(group, result, ready)
         finished = set(outcome.rows)
@@ -127,7 +134,7 @@ class ModelBatch:
         assert group.cache is not None
         lengths = [past + 1 for past in group.cache.lengths]
         chunks = [(sequence.last_token,) for sequence in group.sequences]
-        result = self._run(group, chunks, lengths)
+        result = self._run(group, chunks, lengths, [1] * len(chunks))
         return self._outcome(group, result, list(result.logits))
 
     def _outcome(self, group: _Group, result: _PassResult, rows: list[int]) -> StepOutcome:
@@ -148,16 +155,18 @@ class ModelBatch:
     def _device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
 
-    def _run(self, group: _Group, chunks: Sequence[tuple[int, ...]], table_lengths: list[int]) -> _PassResult:
+    def _run(
+        self, group: _Group, chunks: Sequence[tuple[int, ...]], table_lengths: list[int], counts: list[int]
+    ) -> _PassResult:
         """One pass over the group; if it raises, each row alone from its untouched cache row."""
         assert group.cache is not None
         scalings = [sequence.scaling for sequence in group.sequences]
         failed = self._refresh(group.cache, scalings, table_lengths)
         try:
-            logits = self._forward(group.cache, chunks, scalings, table_lengths)
+            logits = self._forward(group.cache, chunks, scalings, table_lengths, counts)
         except Exception:
             logger.exception("a batched pass failed; rerunning its rows one by one")
-            return self._run_rows_alone(group, chunks, scalings, table_lengths, failed)
+            return self._run_rows_alone(group, chunks, scalings, table_lengths, counts, failed)
         return _PassResult({row: logits[row] for row in range(len(group)) if row not in failed}, failed)
 
     def _run_rows_alone(
@@ -166,6 +175,7 @@ class ModelBatch:
         chunks: Sequence[tuple[int, ...]],
         scalings: list[RopeScaling],
         table_lengths: list[int],
+        counts: list[int],
         failed: dict[int, Exception],
     ) -> _PassResult:
         assert group.cache is not None
@@ -178,7 +188,9 @@ class ModelBatch:
                 continue
             span = slice(row, row + 1)
             try:
-                logits[row] = self._forward(cache, chunks[span], scalings[span], table_lengths[span])[0]
+                logits[row] = self._forward(
+                    cache, chunks[span], scalings[span], table_lengths[span], counts[span]
+                )[0]
             except Exception as error:
                 failed[row] = error
         group.cache = KVCache.concat(caches)
@@ -203,10 +215,15 @@ class ModelBatch:
         chunks: Sequence[tuple[int, ...]],
         scalings: Sequence[RopeScaling],
         table_lengths: Sequence[int],
+        counts: Sequence[int],
     ) -> Tensor:
         tokens = torch.tensor([list(chunk) for chunk in chunks], dtype=torch.long, device=self._device)
         with torch.inference_mode():
             logits: Tensor = self.model(
-                tokens, scaling=list(scalings), cache=cache, last_n=1, table_lengths=list(table_lengths)
-            )[:, -1]  # [N, V]
+                tokens,
+                scaling=list(scalings),
+                cache=cache,
+                table_lengths=list(table_lengths),
+                counts=list(counts),
+            )[:, -1]  # [N, V] at each row's last real token
         return logits.float().cpu()

@@ -155,15 +155,18 @@ class EngineCore:
             self._emit(score.job.key, RequestCancelledError("the request was cancelled"))
 
     def _admit(self, name: str) -> None:
-        """Start waiting generations while the model's batch has room."""
+        """Start waiting generations while the model's batch has room, all in one cache."""
         waiting, batch, served = self._waiting[name], self._batches[name], self._models[name]
         now = time.perf_counter()
-        while waiting and len(batch) < self.max_batch_size:
+        starting: list[RunningSequence] = []
+        while waiting and len(batch) + len(starting) < self.max_batch_size:
             job = waiting.popleft()
             assert isinstance(job.request, GenerationRequest)
             sequence = RunningSequence(job.key, job.request, served, job.pe, job.submitted_at)
             sequence.started_at = now
-            batch.add(sequence)
+            starting.append(sequence)
+        if starting:
+            batch.add(starting)
 
     def _run_chunks(self, budget: int) -> None:
         """Prompt and scoring chunks, round-robin over the candidates, until the budget is spent.

@@ -84,11 +84,23 @@ class KVCache:
         window = max(self.lengths) + new_tokens
         return key_buffer[:, :, :window], value_buffer[:, :, :window]
 
-    def advance(self, tokens: Tensor, table_keys: Sequence[Hashable]) -> None:
-        """Record the step's token ids `[B, T]` and tables once every layer has written its entries."""
+    def advance(
+        self, tokens: Tensor, table_keys: Sequence[Hashable], counts: Sequence[int] | None = None
+    ) -> None:
+        """Record the step's token ids `[B, T]` and tables once every layer has written its entries.
+
+        `counts[i]` is how many of row i's tokens are real; the rest only padded the row to `T`.
+        Their entries stay beyond the row's length, where attention never reads them before the
+        row's next tokens overwrite them.
+        """
+        steps = counts if counts is not None else [tokens.shape[1]] * len(self.lengths)
         rows, positions = self._slots(tokens.shape[1], tokens.device)
-        self.tokens[rows, positions] = tokens
-        self.lengths = [length + tokens.shape[1] for length in self.lengths]
+        real = (
+            torch.arange(tokens.shape[1], device=tokens.device)[None, :]
+            < torch.tensor(list(steps), device=tokens.device)[:, None]
+        )
+        self.tokens[rows[real], positions[real]] = tokens[real]
+        self.lengths = [length + step for length, step in zip(self.lengths, steps, strict=True)]
         self.table_keys = list(table_keys)
 
     def row_tokens(self, row: int) -> Tensor:

@@ -66,6 +66,7 @@ class _Row:
     past: int
     scaling: RopeScaling
     table_key: Hashable
+    count: int  # real tokens among the pass's query_length
     table_length: int = dataclasses.field(compare=False)
 
 
@@ -103,25 +104,31 @@ class PositionalEncoding(nn.Module):
         device: torch.device,
         dtype: torch.dtype,
         table_lengths: Sequence[int] | None = None,
+        counts: Sequence[int] | None = None,
     ) -> PositionalInputs:
         """Inputs for `query_length` new tokens per row after `past_lengths[i]` cached ones.
 
         `scalings` has one entry per row. `table_lengths[i]` is the sequence length whose table row
         `i` reads when its scaling depends on the length (default: its length after this pass); a
         chunked prefill passes the whole prompt's length so that every chunk uses one table.
+        `counts[i]` is how many of row i's tokens are real: padding repeats the last real position,
+        so it never reaches past a table (a learned one ends where the model's context does).
         """
         for scaling in set(scalings):
             self.check_scaling(scaling)
         lengths = table_lengths or [past + query_length for past in past_lengths]
+        real = counts or [query_length] * len(past_lengths)
         rows = [
-            _Row(past, scaling, self.table_key(scaling, length), length)
-            for past, scaling, length in zip(past_lengths, scalings, lengths, strict=True)
+            _Row(past, scaling, self.table_key(scaling, length), count, length)
+            for past, scaling, length, count in zip(past_lengths, scalings, lengths, real, strict=True)
         ]
         if len(set(rows)) == 1:
             rows = rows[:1]
         key_length = max(row.past for row in rows) + query_length
         pasts = torch.tensor([row.past for row in rows], device=device)
-        query_positions = pasts[:, None] + torch.arange(query_length, device=device)[None, :]  # [R, Tq]
+        last = torch.tensor([row.count - 1 for row in rows], device=device)
+        offsets = torch.minimum(torch.arange(query_length, device=device)[None, :], last[:, None])
+        query_positions = pasts[:, None] + offsets  # [R, Tq]
         bias = self._attention_bias(query_positions, key_length, dtype)
         if bias is None and all(row.past == 0 for row in rows):
             mask = None

@@ -138,12 +138,16 @@ class Transformer(nn.Module):
         cache: KVCache | None = None,
         last_n: int | None = None,
         table_lengths: Sequence[int] | None = None,
+        counts: Sequence[int] | None = None,
     ) -> Tensor:
         """tokens [B, T] -> logits [B, T, vocab_size], or [B, last_n, vocab_size] for the last positions.
 
         `last_n` spares the output projection (and its memory) for positions nobody reads, such as
         all but the last of a prompt. `table_lengths` (one per row) sizes length-dependent RoPE
-        tables (see `PositionalEncoding.forward`).
+        tables (see `PositionalEncoding.forward`). With a cache, `counts[i]` says how many of row
+        i's tokens are real (the rest pad rows of a chunked prefill to one width): the cache
+        advances row i by `counts[i]`, and the result is [B, 1, vocab_size] at each row's last
+        real token.
 
         With a cache, `tokens` are attended after each row's cached entries and the cache advances
         by `T`, only once every layer has succeeded: a pass that raises leaves it as it was. Rows
@@ -151,12 +155,15 @@ class Transformer(nn.Module):
         (`service.model.refresh`); the model computes, the batch decides.
         """
         scalings = self._row_scalings(scaling, tokens.shape[0])
-        hidden = self._hidden(tokens, scalings, cache, table_lengths)
-        if last_n is not None:
+        hidden = self._hidden(tokens, scalings, cache, table_lengths, counts)  # [B, T, D]
+        if counts is not None:
+            last = torch.tensor(list(counts), device=tokens.device) - 1
+            hidden = hidden[torch.arange(tokens.shape[0], device=tokens.device), last][:, None]
+        elif last_n is not None:
             hidden = hidden[:, -last_n:]
         logits: Tensor = self.lm_head(self.norm(hidden))
         if cache is not None:
-            self._advance(cache, tokens, scalings, table_lengths)
+            self._advance(cache, tokens, scalings, table_lengths, counts)
         return logits
 
     def final_hidden(
@@ -183,10 +190,11 @@ class Transformer(nn.Module):
         tokens: Tensor,
         scalings: Sequence[RopeScaling],
         table_lengths: Sequence[int] | None,
+        counts: Sequence[int] | None = None,
     ) -> None:
         lengths = table_lengths or [past + tokens.shape[1] for past in cache.lengths]
         keys = [self.positions.table_key(s, length) for s, length in zip(scalings, lengths, strict=True)]
-        cache.advance(tokens, keys)
+        cache.advance(tokens, keys, counts)
 
     def _hidden(
         self,
@@ -194,6 +202,7 @@ class Transformer(nn.Module):
         scalings: Sequence[RopeScaling],
         cache: KVCache | None,
         table_lengths: Sequence[int] | None,
+        counts: Sequence[int] | None = None,
     ) -> Tensor:
         """The layers' output before the final norm; writes the new entries into `cache`."""
         batch, length = tokens.shape
@@ -206,6 +215,7 @@ class Transformer(nn.Module):
             device=tokens.device,
             dtype=hidden.dtype,
             table_lengths=table_lengths,
+            counts=counts,
         )
         if positions.absolute is not None:
             hidden = hidden + positions.absolute

@@ -104,6 +104,23 @@ def test_long_prompts_read_in_chunks_together_generate_what_each_does_alone(rope
         assert_same(first, second)
 
 
+@pytest.mark.parametrize("scheme", ["learned", "sinusoidal", "alibi", "t5_bias", "nope"])
+def test_every_scheme_reads_padded_prompt_chunks_exactly(
+    make_tiny_checkpoint: TinyCheckpointFactory, scheme: str
+) -> None:
+    """The short row is padded to the long row's width; a learned table ends at position 15."""
+    directory = make_tiny_checkpoint(scheme, name=MODEL, native_context=NATIVE)
+    prompts = [LONG_PROMPTS[0][:3], LONG_PROMPTS[2][:13]]
+    requests = [request(i, prompt, new_tokens=3) for i, prompt in enumerate(prompts)]
+    models = cpu_models(directory)
+    with engine_over(models, step_token_budget=8) as chunked:
+        together = outcomes(chunked, requests)
+    with engine_over(models, step_token_budget=4096) as whole:
+        alone = [outcomes(whole, [item])[0] for item in requests]
+    for first, second in zip(together, alone, strict=True):
+        assert_same(first, second)
+
+
 @pytest.mark.parametrize("scaling", ["yarn", "dynamic", "longrope"])
 def test_scoring_in_chunks_equals_one_pass(rope_dir: Path, scaling: str) -> None:
     tokens = tuple(torch.randint(0, 258, (200,), generator=torch.Generator().manual_seed(3)).tolist())
