@@ -93,6 +93,7 @@ def run_engine(
                 prompt_tokens=prompt,
                 sampling=SamplingParams(max_new_tokens=new_tokens, temperature=0.0),
                 scaling=scalings[index % len(scalings)],
+                stream=False,  # only the result is read, as a non-streaming HTTP request does
             )
         )
         for index, prompt in enumerate(batch)

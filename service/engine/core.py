@@ -221,7 +221,9 @@ class EngineCore:
         picks = sample_rows([outcome.rows[row].sampler for row in live], outcome.logits[live])
         for row, (token, logprob) in zip(live, picks, strict=True):
             sequence = outcome.rows[row]
-            self._emit(sequence.key, sequence.accept(token, logprob))
+            event = sequence.accept(token, logprob)
+            if sequence.request.stream or len(sequence.tokens) == 1:
+                self._emit(sequence.key, event)
         self._generated_total += len(live)
 
     def _fail(self, sequence: RunningSequence, error: Exception) -> None:

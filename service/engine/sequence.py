@@ -20,6 +20,7 @@ class RunningSequence:
     served: ServedModel
     pe: PEInfo
     submitted_at: float
+    scaling: RopeScaling = field(init=False)  # the request's, or the model's own
     sampler: Sampler = field(init=False)
     stream: TextStream = field(init=False)
     tokens: list[int] = field(default_factory=list)
@@ -31,12 +32,10 @@ class RunningSequence:
     cancelled: bool = False
 
     def __post_init__(self) -> None:
+        self.scaling = self.served.effective_scaling(self.request.scaling)
         self.sampler = Sampler(self.request.sampling)
         self.stream = TextStream(self.served.tokenizer.decode, self.request.sampling.stop)
 
-    @property
-    def scaling(self) -> RopeScaling:
-        return self.served.effective_scaling(self.request.scaling)
 
     @property
     def prompt_remaining(self) -> int:

@@ -32,13 +32,19 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """A generation job. `scaling=None` means "the model's own default scaling"."""
+    """A generation job. `scaling=None` means "the model's own default scaling".
+
+    `stream=False` says the caller wants only the result: the handle then yields the first token's
+    event (time to first token stays observable) and the final result, which spares the engine and
+    the caller one event per token.
+    """
 
     request_id: str
     model: str
     prompt_tokens: tuple[int, ...]
     sampling: SamplingParams
     scaling: RopeScaling | None = None
+    stream: bool = True
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,8 @@ EngineEvent = TokenEvent | GenerationResult | ScoreResult
 
 
 class RequestHandle(Protocol):
-    """A submitted request. Iterating yields TokenEvents then exactly one final result.
+    """A submitted request. Iterating yields TokenEvents (all of them, or only the first for a
+    generation with `stream=False`) then exactly one final result.
 
     If the request fails inside the engine, iteration raises the `EngineError` that failed it.
     Leaving iteration early does not cancel; call `cancel()` (the HTTP layer does on disconnect).

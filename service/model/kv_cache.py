@@ -16,7 +16,7 @@ model recomputes that row from its tokens. See `Transformer.forward`.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -33,6 +33,8 @@ class KVCache:
     tokens: Tensor
     lengths: list[int]
     table_keys: list[Hashable]
+    # The slots of the pass in progress, computed once for all layers (None: rows of equal length).
+    _pass_slots: tuple[Tensor, Tensor] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def empty(
@@ -56,7 +58,12 @@ class KVCache:
         return self.tokens.shape[1]
 
     def reserve(self, new_tokens: int) -> None:
-        """Make room for `new_tokens` more per row, doubling capacity so growth is amortised."""
+        """Make room for `new_tokens` more per row, doubling capacity so growth is amortised.
+
+        Called once per pass, before the layers write: the write slots are computed here too.
+        """
+        uniform = len(set(self.lengths)) == 1
+        self._pass_slots = None if uniform else self._slots(new_tokens, self.tokens.device)
         needed = max(self.lengths) + new_tokens
         if needed <= self.capacity:
             return
@@ -68,17 +75,19 @@ class KVCache:
     def write(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Store `[B, n_kv_heads, T, head_dim]` after each row's tokens; return the key/value window.
 
+        The pass must have called `reserve(T)` first.
+
         The window `[B, n_kv_heads, max(lengths) + T, head_dim]` is a view of the buffers; rows
         shorter than the longest carry padding there, which the attention mask excludes.
         """
         new_tokens = keys.shape[2]
         key_buffer, value_buffer = self.keys[layer], self.values[layer]
-        if len(set(self.lengths)) == 1:
+        if self._pass_slots is None:
             start = self.lengths[0]
             key_buffer[:, :, start : start + new_tokens] = keys
             value_buffer[:, :, start : start + new_tokens] = values
         else:
-            rows, positions = self._slots(new_tokens, keys.device)
+            rows, positions = self._pass_slots
             key_buffer[rows, :, positions] = keys.transpose(1, 2)
             value_buffer[rows, :, positions] = values.transpose(1, 2)
         window = max(self.lengths) + new_tokens

@@ -26,6 +26,7 @@ def filled(lengths: list[int], capacity: int) -> KVCache:
 def test_write_appends_after_each_rows_own_length_and_returns_the_window() -> None:
     cache = filled([2, 5], capacity=8)
     new = torch.full((2, CONFIG.n_kv_heads, 1, CONFIG.head_dim), -1.0)
+    cache.reserve(1)  # every pass reserves its tokens before the layers write them
     keys, values = cache.write(0, new, new)
     assert keys.shape[2] == values.shape[2] == 6
     assert keys[0, 0, 2, 0] == -1 and values[1, 0, 5, 0] == -1

@@ -79,6 +79,7 @@ async def generate(
         prompt_tokens=prepared.tokens,
         sampling=sampling_params(body),
         scaling=prepared.scaling,
+        stream=body.stream,
     )
     handle = engine.submit(job)
     first_token = FirstTokenTimer(metrics, started_at)
