@@ -19,6 +19,7 @@ import logging
 import logging.config
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -43,6 +44,11 @@ logger = logging.getLogger("service.engine.process")
 # The engine process's own process metrics are exported as pe_engine_process_*, beside the API
 # process's process_* families, so one /metrics page can carry both without a name clash.
 ENGINE_METRICS_NAMESPACE = "pe_engine"
+
+# How an idle engine gathers a burst of requests: until the pipe has been quiet this long, and
+# for this long at most.
+_GATHER_GAP_S = 0.002
+_GATHER_MAX_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -89,23 +95,39 @@ def engine_main(connection: Connection, config: EngineProcessConfig) -> None:
 
 def _serve(connection: Connection, core: EngineCore) -> None:
     while True:
-        idle = not core.has_work()
-        while connection.poll(None if idle else 0):
-            message = connection.recv()
-            kind = message[0]
-            if kind == "add":
-                core.add(message[1])
-            elif kind == "cancel":
-                core.cancel(message[1])
-            elif kind == "metrics":
-                connection.send(("metrics", message[1], generate_latest(REGISTRY)))
-            elif kind == "shutdown":
-                error = EngineDrainingError("the engine shut down before this request finished")
-                connection.send(("step", core.abort_all(error)))
-                return
-            idle = False
+        was_idle = not core.has_work()
+        if not _handle_commands(connection, core, block=was_idle):
+            return
+        if was_idle:
+            # Requests of a burst reach the engine one by one, a fraction of a millisecond apart
+            # (each is parsed and validated first); gathering them for a moment lets them start
+            # in one step instead of one wave per step. Only an idle engine waits: nobody's
+            # stream is delayed, and a lone request pays one gap at most.
+            deadline = time.monotonic() + _GATHER_MAX_S
+            while time.monotonic() < deadline and connection.poll(_GATHER_GAP_S):
+                if not _handle_commands(connection, core, block=False):
+                    return
         if core.has_work():
             connection.send(("step", core.step()))
+
+
+def _handle_commands(connection: Connection, core: EngineCore, *, block: bool) -> bool:
+    """Apply every command waiting on the pipe (waiting for one if `block`); False on shutdown."""
+    while connection.poll(None if block else 0):
+        message = connection.recv()
+        kind = message[0]
+        if kind == "add":
+            core.add(message[1])
+        elif kind == "cancel":
+            core.cancel(message[1])
+        elif kind == "metrics":
+            connection.send(("metrics", message[1], generate_latest(REGISTRY)))
+        elif kind == "shutdown":
+            error = EngineDrainingError("the engine shut down before this request finished")
+            connection.send(("step", core.abort_all(error)))
+            return False
+        block = False
+    return True
 
 
 def _own_process_metrics() -> None:

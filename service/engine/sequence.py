@@ -36,7 +36,6 @@ class RunningSequence:
         self.sampler = Sampler(self.request.sampling)
         self.stream = TextStream(self.served.tokenizer.decode, self.request.sampling.stop)
 
-
     @property
     def prompt_remaining(self) -> int:
         return len(self.request.prompt_tokens) - self.prefilled
