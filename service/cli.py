@@ -101,7 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="prompt/scoring tokens per engine step besides decoding (default 256)",
     )
     parser.add_argument(
-        "--torch-threads", type=int, metavar="N", help="torch threads of the engine (default 0: one per core)"
+        "--torch-threads",
+        type=int,
+        metavar="N",
+        help="torch threads of the engine (default 0: every core but one)",
     )
     parser.add_argument(
         "--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (comma-separate several)"

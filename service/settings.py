@@ -47,7 +47,7 @@ class Settings(BaseSettings):
         description="Prompt and scoring tokens one engine step runs besides its decode rows.",
     )
     torch_threads: int = Field(
-        default=0, ge=0, description="Torch threads of the engine; 0 means one per CPU core."
+        default=0, ge=0, description="Torch threads of the engine; 0 means every core but one."
     )
     api_key: SecretStr | None = Field(
         default=None, description="Bearer key(s) required on inference routes; comma-separated for several."

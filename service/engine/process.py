@@ -61,8 +61,17 @@ class EngineProcessConfig:
     max_context: int = 4096
     max_batch_size: int = 16
     step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET
-    torch_threads: int = 0  # 0: every core of the machine
+    torch_threads: int = 0  # 0: engine_threads()
     log_config: dict[str, Any] | None = field(default=None, compare=False)
+
+
+def engine_threads() -> int:
+    """Every core but one, which the HTTP process keeps for parsing, validation and streaming.
+
+    On a two-core host that is one engine thread: for the zoo's small matrices a second thread
+    gains less than an HTTP process starved of its core loses.
+    """
+    return max(1, (os.cpu_count() or 1) - 1)
 
 
 def engine_main(connection: Connection, config: EngineProcessConfig) -> None:
@@ -73,7 +82,7 @@ def engine_main(connection: Connection, config: EngineProcessConfig) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if config.log_config is not None:
         logging.config.dictConfig(config.log_config)
-    torch.set_num_threads(config.torch_threads or os.cpu_count() or 1)
+    torch.set_num_threads(config.torch_threads or engine_threads())
     _own_process_metrics()
     try:
         models = load_models(
