@@ -1,11 +1,11 @@
 """One model's running sequences: those still reading their prompt, and those decoding.
 
 Each group shares one right-padded KV cache. A decode step runs every decoding row in one forward
-pass, each row with its own RoPE scaling. A prefill chunk advances every prefilling row by the same
-number of prompt tokens (rows of different prompt lengths and progress share the pass), sized to
-the step's token budget, so a long prompt is read a slice per step between decode steps instead
-of stalling them. A row whose prompt is complete moves to the decoding group with its first
-token's logits.
+pass, each row with its own RoPE scaling. A prefill chunk advances every prefilling row by one
+width of prompt tokens sized to the step's token budget (rows of different prompt lengths and
+progress share the pass; a row with fewer tokens left is padded), so a long prompt is read a slice
+per step between decode steps instead of stalling them. A row whose prompt is complete moves to
+the decoding group with its first token's logits.
 
 Failures stay with their row. The model advances a cache only after a pass succeeded, so when a
 batched pass raises, every row is rerun alone from the state it was in, and only the rows that
@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from pe_runtime import RopeScaling
+from service.engine.budget import chunk_cost, chunk_width
 from service.engine.sequence import RunningSequence
 from service.model.kv_cache import KVCache
 from service.model.refresh import recompute_row, stale_rows
@@ -105,11 +106,14 @@ class ModelBatch:
 
         Rows take the same width; a row with fewer prompt tokens left is padded to it, so that one
         row close to the end of its prompt never slows the others down to its pace. Returns the
-        rows whose prompt is now complete, with their next-token logits (they have moved to the
-        decoding group), the rows that failed, and the number of tokens the pass ran.
+        rows whose prompt is now complete, with their next-token logits (they move to the decoding
+        group in `retain`, unless that first token finished them), the rows that failed, and what
+        the pass took from the budget.
         """
         group = self._prefilling
-        width = max(1, min(max(s.prompt_remaining for s in group.sequences), budget // len(group)))
+        past = max(sequence.prefilled for sequence in group.sequences)
+        longest = max(sequence.prompt_remaining for sequence in group.sequences)
+        width = min(longest, chunk_width(budget, len(group), past))
         counts = [min(width, sequence.prompt_remaining) for sequence in group.sequences]
         chunks = [
             sequence.next_prompt_chunk(count) + (_PAD,) * (width - count)
@@ -121,12 +125,7 @@ class ModelBatch:
         for row in result.logits:
             group.sequences[row].prefilled += counts[row]
         ready = [row for row in result.logits if not group.sequences[row].prompt_remaining]
-        outcome = self._outcome(group, result, ready)
-        finished = set(outcome.rows)
-        moving, cache = group.split(lambda sequence: sequence not in finished)
-        if moving and cache is not None:
-            self._decoding.join(moving, cache)
-        return outcome, width * len(chunks)
+        return self._outcome(group, result, ready), chunk_cost(len(chunks), width, past)
 
     def decode(self) -> StepOutcome:
         """One token for every decoding row in one forward pass."""
@@ -144,11 +143,18 @@ class ModelBatch:
         return StepOutcome([group.sequences[row] for row in rows], logits, failed)
 
     def retain(self, keep: Callable[[RunningSequence], bool]) -> list[RunningSequence]:
-        """Drop sequences for which `keep` is false (their cache rows too); return the dropped ones."""
+        """Drop sequences for which `keep` is false (their cache rows too); return the dropped ones.
+
+        Then rows whose prompt is complete move to the decoding group: only those still running,
+        so a request done at its first token never costs the decoding rows a copy.
+        """
         dropped: list[RunningSequence] = []
         for group in (self._prefilling, self._decoding):
             gone, _ = group.split(keep)
             dropped += gone
+        moving, cache = self._prefilling.split(lambda sequence: sequence.prompt_remaining > 0)
+        if moving and cache is not None:
+            self._decoding.join(moving, cache)
         return dropped
 
     @property

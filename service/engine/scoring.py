@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from pe_runtime import RopeScaling
+from service.engine.budget import chunk_cost, chunk_width
 from service.engine.errors import RequestFailedError
 from service.model.kv_cache import KVCache
 from service.model.transformer import Transformer
@@ -40,14 +41,16 @@ class ChunkedScorer:
         return len(self._tokens) - len(self._logprobs)
 
     def advance(self, budget: int) -> int:
-        """Run up to `budget` more positions; returns how many ran. Raises RequestFailedError on
-        non-finite logits."""
+        """Run the next chunk that fits `budget` (see `service.engine.budget`); returns its cost.
+
+        Raises RequestFailedError on non-finite logits.
+        """
         model = self.model
         device = model.embed_tokens.weight.device
         if self._cache is None:
             self._cache = model.new_cache(1, len(self._tokens))
         start = len(self._logprobs) - 1
-        width = max(1, min(budget, self.remaining))
+        width = min(self.remaining, chunk_width(budget, 1, start))
         with torch.inference_mode():
             ids = torch.tensor(self._tokens[start : start + width + 1], dtype=torch.long, device=device)
             hidden = model.final_hidden(
@@ -62,7 +65,7 @@ class ChunkedScorer:
             self._logprobs += torch.cat(chunks).cpu().tolist()
         if not self.remaining:
             self._cache = None  # done: the memory goes back at once, not when the job is dropped
-        return width
+        return chunk_cost(1, width, start)
 
     def result(self) -> list[float | None]:
         return list(self._logprobs)
@@ -73,7 +76,8 @@ def score_tokens(
 ) -> list[float | None]:
     """`[None, log p(t1 | t0), log p(t2 | t0 t1), ...]`; `scaling=None` is the model's default."""
     scorer = ChunkedScorer(model, tokens, scaling)
-    scorer.advance(scorer.remaining)
+    while scorer.remaining:
+        scorer.advance(chunk_cost(1, scorer.remaining, 0))  # a budget that fits all in one pass
     return scorer.result()
 
 
