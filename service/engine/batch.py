@@ -59,19 +59,27 @@ class _Group:
         return len(self.sequences)
 
     def join(self, sequences: list[RunningSequence], cache: KVCache) -> None:
-        self.cache = cache if self.cache is None else KVCache.concat([self.cache, cache])
+        if self.cache is None:
+            self.cache = cache
+        else:
+            self.cache.append(cache)
         self.sequences += sequences
 
-    def split(self, keep: Callable[[RunningSequence], bool]) -> tuple[list[RunningSequence], KVCache | None]:
-        """Remove the sequences `keep` rejects; return them and their cache rows."""
-        leaving = [row for row, sequence in enumerate(self.sequences) if not keep(sequence)]
-        if not leaving or self.cache is None:
+    def split(
+        self, keep: Callable[[RunningSequence], bool], *, take: bool = False
+    ) -> tuple[list[RunningSequence], KVCache | None]:
+        """Remove the sequences `keep` rejects; return them, and with `take` a copy of their rows."""
+        wanted = [keep(sequence) for sequence in self.sequences]
+        if all(wanted) or self.cache is None:
             return [], None
-        staying = [row for row in range(len(self.sequences)) if keep(self.sequences[row])]
-        taken = self.cache.select(leaving)
+        leaving = [row for row, stays in enumerate(wanted) if not stays]
+        taken = self.cache.select(leaving) if take else None
         gone = [self.sequences[row] for row in leaving]
-        self.sequences = [self.sequences[row] for row in staying]
-        self.cache = self.cache.select(staying) if staying else None
+        if len(leaving) == len(self.sequences):
+            self.sequences, self.cache = [], None
+        else:
+            order = self.cache.retain(wanted)
+            self.sequences = [self.sequences[row] for row in order]
         return gone, taken
 
 
@@ -152,7 +160,7 @@ class ModelBatch:
         for group in (self._prefilling, self._decoding):
             gone, _ = group.split(keep)
             dropped += gone
-        moving, cache = self._prefilling.split(lambda sequence: sequence.prompt_remaining > 0)
+        moving, cache = self._prefilling.split(lambda sequence: sequence.prompt_remaining > 0, take=True)
         if moving and cache is not None:
             self._decoding.join(moving, cache)
         return dropped

@@ -50,6 +50,24 @@ def test_select_and_concat_move_rows_with_their_lengths() -> None:
     assert torch.equal(kept.row_tokens(1), torch.tensor([[0, 1]]))
 
 
+def test_rows_leave_by_moving_the_last_rows_into_their_slots_and_join_into_free_slots() -> None:
+    cache = filled([2, 3, 4, 5], capacity=8)
+    slots = cache.keys[0].untyped_storage().data_ptr()
+    order = cache.retain([False, True, False, True])  # rows 1 and 3 stay; row 3 moves into slot 0
+    assert order == [3, 1] and cache.lengths == [5, 3]
+    assert torch.equal(cache.keys[0][0, 0, :5, 0], 300 + torch.arange(5, dtype=torch.float32))
+    assert torch.equal(cache.row_tokens(0), torch.arange(5)[None] + 300)
+    poisoned = filled([1], capacity=8)
+    poisoned.values[0][0, :, 1:] = float("nan")  # a leaving row's entries must not reach the next one
+    cache.append(poisoned)
+    cache.retain([True, True, False])
+    cache.append(filled([2], capacity=4))  # into the slot the poisoned row left
+    assert cache.lengths == [5, 3, 2]
+    assert torch.isfinite(cache.values[0]).all()
+    assert torch.equal(cache.keys[0][2, 0, :2, 0], torch.arange(2, dtype=torch.float32))
+    assert cache.keys[0].untyped_storage().data_ptr() == slots  # no reallocation: the slots sufficed
+
+
 @torch.inference_mode()
 def test_rows_of_different_lengths_decode_like_separate_caches() -> None:
     torch.manual_seed(0)
