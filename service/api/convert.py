@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from fastapi import Response
+from pydantic import BaseModel
+
 from service.api.errors import APIError
 from service.api.schemas.responses import (
     FinishReason,
@@ -14,6 +17,15 @@ from service.api.schemas.responses import (
 from service.engine.types import GenerationResult, ModelInfo, PEInfo, Timing
 
 _CLIENT_FINISH_REASONS: tuple[FinishReason, ...] = ("length", "stop", "eos")
+
+
+def json_response(body: BaseModel) -> Response:
+    """A response model the route built itself, serialized once by pydantic.
+
+    Returned as a model, FastAPI would validate it again field by field before serializing it,
+    which costs more than the rest of answering a request (for a 4,000-token `/score`, far more).
+    """
+    return Response(body.model_dump_json(), media_type="application/json")
 
 
 def pe_block(pe: PEInfo) -> PEBlock:

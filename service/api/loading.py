@@ -44,26 +44,10 @@ def load_engine(settings: Settings) -> Engine:
     """The engine process and its client (the default), or the engine on a thread of this process.
 
     In process mode this process keeps one torch thread (it only validates requests); the engine
-    process takes `torch_threads`, by default every core, for the model.
+    process takes `torch_threads`, by default every core but one, for the model.
     """
-    if settings.engine_mode == "thread":
-        engine_module = importlib.import_module("service.engine.engine")
-        if settings.torch_threads:
-            importlib.import_module("torch").set_num_threads(settings.torch_threads)
-        engine: Engine = engine_module.InferenceEngine.from_model_dirs(
-            model_dirs(settings),
-            device=settings.device,
-            dtype=settings.dtype,
-            max_context=settings.max_context,
-            max_batch_size=settings.max_batch_size,
-            max_queue=settings.max_queue,
-            step_token_budget=settings.step_token_budget,
-        )
-        return engine
-    client_module = importlib.import_module("service.engine.client")
-    process_module = importlib.import_module("service.engine.process")
-    importlib.import_module("torch").set_num_threads(1)
-    config = process_module.EngineProcessConfig(
+    config_module = importlib.import_module("service.engine.config")
+    config = config_module.EngineConfig(
         model_dirs=tuple(model_dirs(settings)),
         device=settings.device,
         dtype=settings.dtype,
@@ -73,5 +57,12 @@ def load_engine(settings: Settings) -> Engine:
         torch_threads=settings.torch_threads,
         log_config=logging_config(settings.log_level),
     )
-    client: Engine = client_module.EngineClient(config, max_queue=settings.max_queue)
+    if settings.engine_mode == "thread":
+        engine_module = importlib.import_module("service.engine.engine")
+        engine: Engine = engine_module.InferenceEngine.from_config(config, max_queue=settings.max_queue)
+        return engine
+    importlib.import_module("torch").set_num_threads(1)
+    client: Engine = importlib.import_module("service.engine.client").EngineClient(
+        config, max_queue=settings.max_queue
+    )
     return client

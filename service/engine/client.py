@@ -25,11 +25,12 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from service.engine.catalog import ModelCatalog
+from service.engine.config import EngineConfig
 from service.engine.core import Job
 from service.engine.errors import EngineUnavailableError
 from service.engine.frontend import EngineFrontend
 from service.engine.models import ModelSpec
-from service.engine.process import EngineProcessConfig, engine_main
+from service.engine.process import engine_main
 
 logger = logging.getLogger("service.engine.client")
 
@@ -44,7 +45,7 @@ class EngineStartError(RuntimeError):
 
 
 class EngineClient(EngineFrontend):
-    def __init__(self, config: EngineProcessConfig, *, max_queue: int) -> None:
+    def __init__(self, config: EngineConfig, *, max_queue: int) -> None:
         self.config = config
         process, connection, specs = _spawn(config)
         super().__init__(ModelCatalog(specs), max_batch_size=config.max_batch_size, max_queue=max_queue)
@@ -163,7 +164,7 @@ class EngineClient(EngineFrontend):
         return True
 
 
-def _spawn(config: EngineProcessConfig) -> tuple[BaseProcess, Connection, list[ModelSpec]]:
+def _spawn(config: EngineConfig) -> tuple[BaseProcess, Connection, list[ModelSpec]]:
     """Start an engine process and wait until it has loaded its models (or failed to)."""
     context = multiprocessing.get_context("spawn")
     ours, theirs = context.Pipe(duplex=True)

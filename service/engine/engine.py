@@ -24,6 +24,7 @@ import torch
 
 from pe_runtime import PECache
 from service.engine.catalog import ModelCatalog
+from service.engine.config import EngineConfig
 from service.engine.core import DEFAULT_STEP_TOKEN_BUDGET, EngineCore, Job
 from service.engine.errors import EngineDrainingError, RequestFailedError
 from service.engine.frontend import EngineFrontend
@@ -103,6 +104,21 @@ class InferenceEngine(EngineFrontend):
         models = load_models(dirs, device=device, dtype=dtype, max_context=max_context, pe_cache=pe_cache)
         return cls(
             models, max_batch_size=max_batch_size, max_queue=max_queue, step_token_budget=step_token_budget
+        )
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, *, max_queue: int = 64) -> InferenceEngine:
+        """The engine an `EngineConfig` describes, on a thread of this process."""
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        return cls.from_model_dirs(
+            config.model_dirs,
+            device=config.device,
+            dtype=config.dtype,
+            max_context=config.max_context,
+            max_batch_size=config.max_batch_size,
+            max_queue=max_queue,
+            step_token_budget=config.step_token_budget,
         )
 
     def healthy(self) -> bool:

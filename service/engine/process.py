@@ -17,13 +17,9 @@ from __future__ import annotations
 
 import logging
 import logging.config
-import os
 import signal
 import time
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from pathlib import Path
-from typing import Any
 
 import torch
 from prometheus_client import (
@@ -35,7 +31,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from service.engine.core import DEFAULT_STEP_TOKEN_BUDGET, EngineCore
+from service.engine.config import EngineConfig, engine_threads
+from service.engine.core import EngineCore
 from service.engine.engine import load_models
 from service.engine.errors import EngineDrainingError
 
@@ -51,30 +48,7 @@ _GATHER_GAP_S = 0.002
 _GATHER_MAX_S = 0.05
 
 
-@dataclass(frozen=True)
-class EngineProcessConfig:
-    """What the engine process is told at start; picklable."""
-
-    model_dirs: tuple[Path, ...]
-    device: str = "auto"
-    dtype: str | None = None
-    max_context: int = 4096
-    max_batch_size: int = 16
-    step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET
-    torch_threads: int = 0  # 0: engine_threads()
-    log_config: dict[str, Any] | None = field(default=None, compare=False)
-
-
-def engine_threads() -> int:
-    """Every core but one, which the HTTP process keeps for parsing, validation and streaming.
-
-    On a two-core host that is one engine thread: for the zoo's small matrices a second thread
-    gains less than an HTTP process starved of its core loses.
-    """
-    return max(1, (os.cpu_count() or 1) - 1)
-
-
-def engine_main(connection: Connection, config: EngineProcessConfig) -> None:
+def engine_main(connection: Connection, config: EngineConfig) -> None:
     """Entry point of the engine process."""
     # Stopping is the API process's call, through the pipe: a Ctrl-C or a SIGTERM sent to the whole
     # process group must not kill the engine while the server is draining its requests.

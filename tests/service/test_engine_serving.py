@@ -17,11 +17,11 @@ import torch
 
 from pe_runtime import RopeScaling
 from service.engine.client import EngineClient
+from service.engine.config import EngineConfig
 from service.engine.engine import InferenceEngine, load_models
 from service.engine.errors import EngineError, InvalidRequestError, QueueFullError, RequestFailedError
 from service.engine.frontend import EngineFrontend
 from service.engine.models import ServedModel
-from service.engine.process import EngineProcessConfig
 from service.engine.scoring import score_tokens
 from service.engine.types import (
     GenerationRequest,
@@ -170,9 +170,7 @@ def test_a_fault_in_a_batched_step_fails_its_row_and_the_others_match_their_solo
 
 @contextmanager
 def engine_process(directory: Path, **options: Any) -> Iterator[EngineClient]:
-    config = EngineProcessConfig(
-        model_dirs=(directory,), device="cpu", dtype="float32", torch_threads=1, **options
-    )
+    config = EngineConfig(model_dirs=(directory,), device="cpu", dtype="float32", torch_threads=1, **options)
     client = EngineClient(config, max_queue=0)
     try:
         yield client

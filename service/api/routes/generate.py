@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 
-from service.api.convert import generate_response
+from service.api.convert import generate_response, json_response
 from service.api.deps import EngineDep, MetricsDep, RequestIdDep, StartedAtDep, require_json
 from service.api.handles import ClientDisconnectedError, FirstTokenTimer, final_result
 from service.api.inputs import prepare_input
@@ -69,7 +69,7 @@ async def generate(
     metrics: MetricsDep,
     request_id: RequestIdDep,
     started_at: StartedAtDep,
-) -> Response | GenerateResponse:
+) -> Response:
     """Generate from `prompt` or `tokens` on the model picked by `model` / `pe`, scaled by `pe_scaling`."""
     prepared = prepare_input(engine, body, new_tokens=body.max_new_tokens)
     response_id = f"gen-{uuid.uuid4().hex}"
@@ -92,4 +92,4 @@ async def generate(
         result = await final_result(handle, GenerationResult, request.receive, first_token)
     except ClientDisconnectedError:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return generate_response(response_id, job.model, result)
+    return json_response(generate_response(response_id, job.model, result))

@@ -8,6 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 
+from service.api.convert import json_response
 from service.api.deps import EngineDep, require_json
 from service.api.handles import ClientDisconnectedError, final_result
 from service.api.inputs import prepare_input
@@ -30,7 +31,7 @@ SCORE_EXAMPLES = scaling_examples({"prompt": "import os\nprint(os.getcwd())\n"})
 @router.post("/score", response_model=ScoreResponse, responses=INFERENCE_ERRORS)
 async def score(
     body: Annotated[ScoreRequest, Body(openapi_examples=SCORE_EXAMPLES)], request: Request, engine: EngineDep
-) -> Response | ScoreResponse:
+) -> Response:
     """Score `prompt` (tokenized as for generation) or `tokens` (as given, no BOS added)."""
     prepared = prepare_input(engine, body, new_tokens=0, min_tokens=MIN_SCORED_TOKENS)
     job = EngineScoreRequest(
@@ -45,7 +46,7 @@ async def score(
     except ClientDisconnectedError:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     predicted = len(result.tokens) - 1
-    return ScoreResponse(
+    response = ScoreResponse(
         model=job.model,
         tokens=list(result.tokens),
         token_logprobs=list(result.token_logprobs),
@@ -53,3 +54,4 @@ async def score(
         perplexity=math.exp(-result.total_logprob / predicted),
         num_tokens=len(result.tokens),
     )
+    return json_response(response)
