@@ -86,3 +86,19 @@ def test_an_engine_that_cannot_come_back_makes_the_server_exit_non_zero(
         os.kill(engine_pid(server), signal.SIGKILL)
         assert server.wait(timeout=120) == 1
         assert "the engine process could not be restarted" in server.logs()
+
+
+def test_the_thread_mode_serves_the_same_api_without_a_child_process(tiny_zoo: list[Path]) -> None:
+    options = {**BASE_OPTIONS, "engine_mode": "thread", "torch_threads": 1}
+    with (
+        live_server(tiny_zoo[:1], options=options, env=SERVER_ENV) as server,
+        httpx.Client(base_url=server.base_url, timeout=60.0) as client,
+    ):
+        tasks = Path(f"/proc/{server.process.pid}/task")
+        children = [pid for task in tasks.iterdir() for pid in (task / "children").read_text().split()]
+        assert not [pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        reply = client.post("/generate", json={"prompt": "a", "max_new_tokens": 3, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] == 3
+        metrics = client.get("/metrics").text
+        assert "pe_cache_hits_total" in metrics and "pe_engine_process" not in metrics
