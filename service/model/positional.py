@@ -256,22 +256,15 @@ class PositionalEncoding(nn.Module):
 
 
 def _gather_rows(tables: Mapping[_Key, Tensor], row_keys: Sequence[_Key], positions: Tensor) -> Tensor:
-    """Row r of the result reads `tables[row_keys[r]]` at `positions[r]`: [R, Tq, ...].
+    """Row r of the result reads `tables[row_keys[r]]` at `positions[r]`: [R, Tq, ...] in one gather.
 
-    Rows sharing a key share its table, so a batch mixing a few scalings costs one lookup per
-    scaling, and only the positions read are copied, never whole tables.
+    Tables [L, ...] of equal length; rows sharing a key share its table, so a batch mixing a few
+    scalings costs a few lookups, not one per row.
     """
-    groups: dict[_Key, list[int]] = {}
-    for row, key in enumerate(row_keys):
-        groups.setdefault(key, []).append(row)
-    if len(groups) == 1:
-        return tables[row_keys[0]][positions]
-    first = next(iter(tables.values()))
-    gathered = first.new_empty((*positions.shape, *first.shape[1:]))
-    for key, rows in groups.items():
-        index = torch.tensor(rows, device=positions.device)
-        gathered[index] = tables[key][positions[index]]
-    return gathered
+    slot = {key: index for index, key in enumerate(tables)}
+    stacked = torch.stack(list(tables.values()))  # [U, L, ...]
+    which = torch.tensor([slot[key] for key in row_keys], device=positions.device)
+    return stacked[which[:, None], positions]
 
 
 def _linear_factor(scaling: RopeScaling) -> float:
