@@ -16,8 +16,10 @@ import pytest
 import torch
 
 from pe_runtime import RopeScaling
+from service.engine.catalog import ModelCatalog
 from service.engine.client import EngineClient
 from service.engine.config import EngineConfig
+from service.engine.core import EngineCore, Job
 from service.engine.engine import InferenceEngine, load_models
 from service.engine.errors import EngineError, InvalidRequestError, QueueFullError, RequestFailedError
 from service.engine.frontend import EngineFrontend
@@ -222,3 +224,31 @@ def test_engine_errors_keep_their_fields_through_pickling() -> None:
     assert isinstance(error, QueueFullError) and error.retry_after_s == 7.0 and error.message == "full"
     invalid = pickle.loads(pickle.dumps(InvalidRequestError("bad", param="pe_scaling.factor")))
     assert invalid.param == "pe_scaling.factor" and str(invalid) == "bad"
+
+
+def test_a_long_document_is_scored_between_decode_steps_and_blocks_no_model(
+    make_tiny_checkpoint: TinyCheckpointFactory,
+) -> None:
+    """Step by step on the core itself: another model's generation finishes while a 2,000-token
+    document on the first model is still being read, a budget-sized chunk per step."""
+    reader = make_tiny_checkpoint("rope", name="reader", native_context=NATIVE)
+    writer = make_tiny_checkpoint("alibi", name="writer", native_context=NATIVE)
+    models = load_models([reader, writer], device="cpu", dtype="float32")
+    specs = ModelCatalog([served.spec for served in models])
+    core = EngineCore(models, step_token_budget=64)
+    document = ScoreRequest("doc", "reader", tuple(i % 256 for i in range(2000)))
+    generation = GenerationRequest(
+        "gen", "writer", LONG_PROMPTS[0], SamplingParams(max_new_tokens=8, temperature=0.0)
+    )
+    jobs: list[GenerationRequest | ScoreRequest] = [document, generation]
+    for key, job in enumerate(jobs):
+        core.add(Job(key, job, specs.validate(job), 0.0))
+    finished: list[int] = []
+    steps = 0
+    while len(finished) < 2:
+        steps += 1
+        finished += [
+            key for key, item in core.step().events if isinstance(item, GenerationResult | ScoreResult)
+        ]
+    assert finished == [1, 0]
+    assert steps > 20  # the document took many steps: it was read in chunks, not in one pass
