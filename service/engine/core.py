@@ -3,7 +3,8 @@
 A step (1) drops cancelled requests, (2) admits waiting ones while their model's batch has room
 (scoring needs no batch slot), (3) runs one decode step for every model with decoding rows, and
 (4) spends what is left of the step's token budget on prompt chunks and scoring chunks, taking the
-candidates round-robin so that one long document cannot starve another model's prompts. Whatever
+candidates round-robin so that one long document cannot starve another model's prompts. With no
+row decoding, nobody waits for the step, and the budget is `IDLE_BUDGET_FACTOR` times larger. Whatever
 the step produced for every request comes back as one `StepOutput`: the in-process engine hands it
 to its handles, the engine process sends it to the API process in one message.
 
@@ -37,6 +38,7 @@ logger = logging.getLogger("service.engine.core")
 # step over a zoo model stays within a few decode steps' time on two CPU cores (the inter-token gap
 # of running streams), large enough that prompts are read in efficient matrix products.
 DEFAULT_STEP_TOKEN_BUDGET = 256
+IDLE_BUDGET_FACTOR = 8
 
 
 @dataclass(frozen=True)
@@ -113,11 +115,13 @@ class EngineCore:
         self._drop_cancelled()
         for name in self._models:
             self._admit(name)
-        budget = self.step_token_budget
-        for batch in self._batches.values():
-            if batch.decoding:
-                budget -= batch.decoding
-                self._accept(batch.decode())
+        decoding = [batch for batch in self._batches.values() if batch.decoding]
+        # The budget exists to keep running streams' gaps short; with none running, prompts and
+        # documents may take a wider step (a burst of requests then starts in a step or two).
+        budget = self.step_token_budget if decoding else self.step_token_budget * IDLE_BUDGET_FACTOR
+        for batch in decoding:
+            budget -= batch.decoding
+            self._accept(batch.decode())
         self._run_chunks(max(budget, self.step_token_budget // 4))  # prompts always progress
         for batch in self._batches.values():
             self._release_finished(batch)

@@ -96,7 +96,7 @@ def test_sharded_checkpoint_loads(tmp_path: Path) -> None:
     assert_same_logits(reference, tmp_path)
 
 
-# Chunked: a prompt of 50 read 16 tokens per step. Dynamic NTK runs past max_position_embeddings
+# Chunked: a prompt of 50 read in chunks of 16. Dynamic NTK runs past max_position_embeddings
 # (64): the prompt stays within it, generation leaves it, so transformers switches tables
 # mid-generation and keeps its cached keys, as the "hf" mode does.
 GENERATE_CASES: dict[str, tuple[dict[str, Any], int, int]] = {
@@ -118,7 +118,8 @@ def test_engine_serves_a_hugging_face_directory_like_generate(tmp_path: Path, ca
     tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="w0"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(directory / "tokenizer.json"))
-    engine = InferenceEngine.from_model_dirs([directory], device="cpu", dtype="float32", step_token_budget=16)
+    # A budget of 2 (16 while nothing decodes) reads the 50-token prompt in four chunks.
+    engine = InferenceEngine.from_model_dirs([directory], device="cpu", dtype="float32", step_token_budget=2)
     engine.start()
     words = [5, 17, 42, 3, *range(48, 44 + prompt_length)]  # never 0, the pad id generate() masks
     try:

@@ -92,6 +92,17 @@ def test_the_spec_example_request_is_accepted_verbatim(client: httpx.Client) -> 
     assert response.json()["pe"]["scaling"]["original_max_position_embeddings"] == 256
 
 
+@pytest.mark.parametrize("mode", [None, "bucketed", "hf"])
+def test_the_pe_block_says_which_dynamic_ntk_semantics_ran(client: httpx.Client, mode: str | None) -> None:
+    scaling = {"type": "dynamic", "factor": 4.0} | ({"dynamic_mode": mode} if mode else {})
+    body = {"prompt": "def f():", "pe_scaling": scaling, "max_new_tokens": 4, "temperature": 0}
+    response = client.post("/generate", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["pe"]["scaling"]["dynamic_mode"] == (mode or "bucketed")
+    bad = client.post("/generate", json=body | {"pe_scaling": scaling | {"dynamic_mode": "exact"}})
+    assert bad.status_code == 422 and bad.json()["error"]["param"].startswith("pe_scaling")
+
+
 def test_request_id_is_echoed_or_generated(client: httpx.Client) -> None:
     assert client.get("/healthz", headers={"X-Request-ID": "trace-42"}).headers["X-Request-ID"] == "trace-42"
     generated = client.get("/healthz").headers["X-Request-ID"]
