@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import torch
@@ -77,7 +77,6 @@ STALL_GOAL = 5.0  # max gap with a long request arriving / p99 gap alone
 PADDING_GOAL = 5.0  # makespan of generate() in padded static batches / ours
 MIXED_GOAL = 0.05  # extra cost of a batch mixing scaling types
 
-T = TypeVar("T")
 Body = dict[str, Any]
 
 
@@ -320,20 +319,6 @@ def served_native_context(base_url: str) -> int:
         return int(client.get("/models").json()["models"][0]["native_context"])
 
 
-def take_turns(repeats: int, runs: dict[str, Callable[[], T]], *, warm_up: bool = True) -> dict[str, list[T]]:
-    """`bench.throughput.interleaved_runs` for any result type: rotating order, optional warm-up."""
-    if warm_up:
-        for run in runs.values():
-            run()
-    kinds = list(runs)
-    samples: dict[str, list[T]] = {kind: [] for kind in kinds}
-    for repeat in range(repeats):
-        shift = repeat % len(kinds)
-        for kind in kinds[shift:] + kinds[:shift]:
-            samples[kind].append(runs[kind]())
-    return samples
-
-
 def paired_ratio(numerators: Sequence[Measurement], denominators: Sequence[Measurement]) -> float:
     """Median over repeats of one tok/s over the other, each pair taken in the same repeat."""
     return statistics.median(
@@ -521,7 +506,7 @@ def measure_stalls(base_url: str, native: int, sizes: Sizes, repeats: int) -> di
         "score": lambda: stall_run(base_url, sizes, score),
         "prefill": lambda: stall_run(base_url, sizes, prefill),
     }
-    return take_turns(repeats, runs)
+    return interleaved_runs(repeats, runs)
 
 
 # -- 4. realistic workload vs. padded static batches ----------------------------------------------
@@ -613,7 +598,7 @@ def measure_workload(
         "ours": lambda: serve_workload(base_url, items, sizes),
         "generate": lambda: generate_workload(reference, items, sizes.reference_batch),
     }
-    return take_turns(repeats, runs, warm_up=False)
+    return interleaved_runs(repeats, runs, warm_up=False)
 
 
 # -- 5. mixed scalings in one batch ---------------------------------------------------------------

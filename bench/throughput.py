@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -39,6 +39,8 @@ CONCURRENCY = (1, 4, 16, 64)
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "zoo-rope"
 DEFAULT_OUTPUT = Path(__file__).parent / "results" / "throughput.md"
 OUR_NAME = "bench-rope"
+
+Result = TypeVar("Result")
 
 
 @dataclass(frozen=True)
@@ -123,17 +125,19 @@ def run_generate(model: Any, batch: list[tuple[int, ...]], new_tokens: int) -> M
 
 
 def interleaved_runs(
-    repeats: int, runs: dict[str, Callable[[], Measurement]]
-) -> dict[str, list[Measurement]]:
+    repeats: int, runs: dict[str, Callable[[], Result]], *, warm_up: bool = True
+) -> dict[str, list[Result]]:
     """`repeats` measurements per kind, taking turns so drifting machine load hits them alike.
 
     The order rotates every repeat: whichever kind runs right after another (say after
-    `generate()` has churned the allocator) is not always the same one.
+    `generate()` has churned the allocator) is not always the same one. The warm-up run per kind
+    (tables, allocator, kernel selection) is skipped for runs already warm.
     """
-    for run in runs.values():
-        run()  # warm-up: tables, allocator, kernel selection
+    if warm_up:
+        for run in runs.values():
+            run()
     kinds = list(runs)
-    samples: dict[str, list[Measurement]] = {kind: [] for kind in kinds}
+    samples: dict[str, list[Result]] = {kind: [] for kind in kinds}
     for repeat in range(repeats):
         shift = repeat % len(kinds)
         for kind in kinds[shift:] + kinds[:shift]:
