@@ -61,6 +61,7 @@ from bench.throughput import (
     prompts,
     run_engine,
     run_generate,
+    scaling_specs,
 )
 from pe_runtime import RopeScaling
 from service.engine.engine import InferenceEngine
@@ -301,19 +302,6 @@ def http_throughput(base_url: str, bodies: Sequence[Body], timeout_s: float) -> 
     return Measurement(sum(counts) / wall_s, statistics.median(per_token) if per_token else math.nan)
 
 
-def http_scalings(native: int) -> list[Body]:
-    """`bench.throughput.scaling_mix` as `pe_scaling` bodies: every type, extending `native` 4x."""
-    extension = {"factor": 4.0, "original_max_position_embeddings": native}
-    return [
-        {"type": "none"},
-        {"type": "linear", "factor": 4.0},
-        {"type": "ntk", "factor": 4.0},
-        {"type": "dynamic", **extension},
-        {"type": "yarn", **extension},
-        {"type": "llama3", **extension},
-    ]
-
-
 def served_native_context(base_url: str) -> int:
     with httpx.Client(base_url=base_url, timeout=10.0, trust_env=False) as client:
         return int(client.get("/models").json()["models"][0]["native_context"])
@@ -363,7 +351,7 @@ def measure_scaled_decode(
 ) -> dict[str, list[Measurement]]:
     """One client, one long generation per scaling: the cost of dynamic NTK's length-dependent base."""
     prompt = prompts(1, sizes.long_prompt)[0]
-    scalings = {scaling["type"]: scaling for scaling in http_scalings(native)}
+    scalings = {scaling["type"]: scaling for scaling in scaling_specs(native)}
     bodies = {kind: generate_body(prompt, sizes.long_new, scalings[kind]) for kind in ("dynamic", "yarn")}
     runs: dict[str, Callable[[], Measurement]] = {
         kind: functools.partial(http_throughput, base_url, [body], sizes.request_timeout_s)
@@ -385,7 +373,7 @@ class LongRun:
 def measure_longest_dynamic(base_url: str, native: int, sizes: Sizes) -> LongRun:
     """One dynamic-NTK generation to nearly max_context; a failure is reported, not raised."""
     prompt = prompts(1, sizes.longest_prompt)[0]
-    dynamic = next(scaling for scaling in http_scalings(native) if scaling["type"] == "dynamic")
+    dynamic = next(scaling for scaling in scaling_specs(native) if scaling["type"] == "dynamic")
     body = generate_body(prompt, sizes.longest_new, dynamic)
     total = sizes.longest_prompt + sizes.longest_new
     start = time.perf_counter()
@@ -498,7 +486,7 @@ def stall_run(base_url: str, sizes: Sizes, interloper: tuple[str, Body] | None) 
 def measure_stalls(base_url: str, native: int, sizes: Sizes, repeats: int) -> dict[str, list[StallRun]]:
     """Gaps alone, then with a long /score, then with a long prefill, arriving mid-stream."""
     long_prompt = list(prompts(1, sizes.interloper_tokens)[0])
-    dynamic = next(scaling for scaling in http_scalings(native) if scaling["type"] == "dynamic")
+    dynamic = next(scaling for scaling in scaling_specs(native) if scaling["type"] == "dynamic")
     score: tuple[str, Body] = ("/score", {"tokens": long_prompt, "pe_scaling": dynamic})
     prefill: tuple[str, Body] = ("/generate", generate_body(long_prompt, 1, dynamic))
     runs = {
@@ -528,7 +516,7 @@ class WorkloadRun:
 def workload(native: int, sizes: Sizes) -> list[WorkItem]:
     """Seeded random lengths in arrival order, scalings cycling through every type."""
     rng = random.Random(0)
-    scalings = http_scalings(native)
+    scalings = scaling_specs(native)
     items = []
     for index in range(sizes.workload_requests):
         length = rng.randint(*sizes.workload_prompt)
@@ -607,7 +595,7 @@ def measure_workload(
 def measure_mixed(base_url: str, native: int, sizes: Sizes, repeats: int) -> dict[str, list[Measurement]]:
     """The same prompts, all `linear` x4, or cycling through every scaling type."""
     batch = prompts(sizes.mixed_clients, sizes.short_prompt)
-    mix = http_scalings(native)
+    mix = scaling_specs(native)
     uniform = [generate_body(prompt, sizes.short_new, mix[1]) for prompt in batch]
     mixed = [generate_body(prompt, sizes.short_new, mix[i % len(mix)]) for i, prompt in enumerate(batch)]
     runs = {

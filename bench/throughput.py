@@ -49,17 +49,26 @@ class Measurement:
     token_latency_ms: float  # median time between two tokens of one request
 
 
-def scaling_mix(native_context: int) -> list[RopeScaling]:
-    """One scaling of every type, each extending the model's native context 4x."""
+def scaling_specs(native_context: int) -> list[dict[str, Any]]:
+    """One `pe_scaling` of every type, each extending the model's native context 4x.
+
+    Written as an HTTP request writes them, so the in-process engine and the server run the same
+    scalings (dynamic NTK in the service's default bucketed mode on both sides).
+    """
     extension = {"factor": 4.0, "original_max_position_embeddings": native_context}
-    specs: list[dict[str, Any]] = [
-        {"rope_type": "default"},
-        {"rope_type": "linear", "factor": 4.0},
-        {"rope_type": "ntk", "factor": 4.0},
-        {"rope_type": "dynamic", **extension},
-        {"rope_type": "yarn", **extension},
-        {"rope_type": "llama3", **extension},
+    return [
+        {"type": "none"},
+        {"type": "linear", "factor": 4.0},
+        {"type": "ntk", "factor": 4.0},
+        {"type": "dynamic", **extension, "dynamic_mode": "bucketed"},
+        {"type": "yarn", **extension},
+        {"type": "llama3", **extension},
     ]
+
+
+def scaling_mix(native_context: int) -> list[RopeScaling]:
+    """`scaling_specs` resolved as the server resolves a request's `pe_scaling`."""
+    specs = scaling_specs(native_context)
     return [RopeScaling.from_hf(spec, max_position_embeddings=native_context) for spec in specs]
 
 
