@@ -62,10 +62,6 @@ class EngineClient(EngineFrontend):
         self._reader = threading.Thread(target=self._read, name="pe-serve-engine-reader", daemon=True)
         self._reader.start()
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid
-
     def healthy(self) -> bool:
         return self._available.is_set() and not self._lost and not self._stopping
 
