@@ -12,7 +12,7 @@ import shlex
 import pytest
 import torch
 
-from bench.serving import QUICK, SCALING_NAMES, main, padded_positions, percentile, workload
+from bench.serving import QUICK, SCALING_NAMES, WorkItem, main, percentile, workload, workload_work
 from tests.conftest import TinyCheckpointFactory
 
 NATIVE = 64  # the tiny checkpoints' native context
@@ -33,7 +33,8 @@ def quick_report(
 def table_rows(text: str, heading: str) -> list[list[str]]:
     """Cells of the data rows of the first table after `heading`."""
     section = text.split(heading, 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("|")]
+    first_table = section.split("\n|", 1)[1].split("\n\n", 1)[0]
+    rows = ["|" + line if index == 0 else line for index, line in enumerate(first_table.splitlines())]
     return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:]]
 
 
@@ -50,8 +51,20 @@ def test_workload_is_seeded_in_range_and_cycles_every_scaling() -> None:
     assert all(QUICK.workload_prompt[0] <= len(item.prompt) <= QUICK.workload_prompt[1] for item in items)
     assert all(QUICK.workload_new[0] <= item.max_new_tokens <= QUICK.workload_new[1] for item in items)
     assert [item.scaling["type"] for item in items[:6]] == list(SCALING_NAMES)
-    useful, padded = padded_positions(items, QUICK.reference_batch)
-    assert useful == sum(len(item.prompt) + item.max_new_tokens for item in items) <= padded
+    work = workload_work(items, QUICK.reference_batch)
+    assert work.useful_positions == sum(len(item.prompt) + item.max_new_tokens for item in items)
+    assert work.useful_positions <= work.padded_positions
+    assert work.useful_key_reads <= work.padded_key_reads
+    assert work.fewest_steps == max(item.max_new_tokens for item in items) <= work.reference_steps
+
+
+def test_work_of_one_padded_batch_counts_prefill_and_decode_reads() -> None:
+    items = [WorkItem((1,) * 4, 2, {"type": "none"}), WorkItem((1,) * 2, 3, {"type": "none"})]
+    work = workload_work(items, batch_size=2)
+    assert (work.useful_positions, work.padded_positions) == (6 + 5, 2 * (4 + 3))
+    assert work.useful_key_reads == (8 + 4 + 5) + (2 + 2 + 3 + 4)  # prompt^2 / 2, then one window per token
+    assert work.padded_key_reads == 2 * (8 + 4 + 5 + 6)
+    assert (work.fewest_steps, work.reference_steps) == (3, 3)
 
 
 @pytest.mark.slow
@@ -114,8 +127,13 @@ def test_workload_reports_both_servers_and_the_padding_it_costs(quick_report: tu
     for row in rows:
         makespan, p50, p99 = (float(cell) for cell in row[1:4])
         assert 0 < p50 <= p99 <= makespan + 0.01
-    useful, padded = padded_positions(workload(NATIVE, QUICK), QUICK.reference_batch)
-    assert f"Token positions computed: {useful} by the requests themselves, {padded} in" in text
+    work = workload_work(workload(NATIVE, QUICK), QUICK.reference_batch)
+    assert (
+        f"| token positions (projections, MLP) | {work.useful_positions} | {work.padded_positions} |" in text
+    )
+    assert re.search(
+        rf"\| sequential decode steps \(at least\) \| {work.fewest_steps} \| {work.reference_steps} \|", text
+    )
     assert re.search(rf"makespan generate\(\) / ours: {NUMBER}x", text)
     assert "unscaled export" in text
 
