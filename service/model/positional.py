@@ -50,13 +50,16 @@ STRETCHED_TABLES_KEPT = 8
 class PositionalInputs:
     """Positional data for one forward; the leading dim is the batch size, or 1 when rows agree.
 
-    `attn_mask` is None exactly when plain causal attention over `Tq == Tk` is right, which lets
-    attention use the fused causal kernel for training and fresh prefills.
+    `attn_mask` is None when no key needs hiding beyond what `causal` says: plain causal attention
+    over `Tq == Tk` (training, fresh prefills), or every query seeing every key (one new token per
+    row, all rows of one length: a lone stream's decode step). Both spare building a mask and let
+    attention take its fused kernel.
     """
 
     absolute: Tensor | None  # [B|1, Tq, d_model], added to the token embeddings
     rope: tuple[Tensor, Tensor] | None  # cos, sin [B|1, 1, Tq, rotary_dim] for the new tokens
     attn_mask: Tensor | None  # additive [B|1, n_heads|1, Tq, Tk], -inf where a key is not visible
+    causal: bool  # with no mask: causal attention (True) or every key visible (False)
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,9 @@ class PositionalEncoding(nn.Module):
         offsets = torch.minimum(torch.arange(query_length, device=device)[None, :], last[:, None])
         query_positions = pasts[:, None] + offsets  # [R, Tq]
         bias = self._attention_bias(query_positions, key_length, dtype)
-        if bias is None and all(row.past == 0 for row in rows):
+        fresh = all(row.past == 0 for row in rows)
+        sees_all = query_length == 1 and len({row.past for row in rows}) == 1
+        if bias is None and (fresh or sees_all):
             mask = None
         else:
             mask = _causal_mask(query_positions, key_length, dtype)
@@ -139,6 +144,7 @@ class PositionalEncoding(nn.Module):
             absolute=self._absolute(rows, query_positions, dtype),
             rope=self._rope(rows, query_positions, key_length, dtype),
             attn_mask=mask,
+            causal=mask is None and not sees_all,
         )
 
     def table_key(self, scaling: RopeScaling, total_length: int) -> Hashable:

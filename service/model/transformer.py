@@ -66,7 +66,7 @@ class Attention(nn.Module):
             keys,
             values,
             attn_mask=positions.attn_mask,
-            is_causal=positions.attn_mask is None,
+            is_causal=positions.causal,
             enable_gqa=self.config.n_kv_heads != self.config.n_heads,
         )  # [B, H, Tq, hd]
         output: Tensor = self.o_proj(attended.transpose(1, 2).reshape(batch, length, -1))
