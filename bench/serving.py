@@ -150,6 +150,11 @@ QUICK = Sizes(
 )
 
 
+# Sections 1 and 5 time runs of a second or two, where one hiccup of a shared machine moves a ratio
+# by several percent: they take this many times the repeats of the long sections.
+SHORT_RUN_REPEATS = 3
+
+
 # -- the server process ---------------------------------------------------------------------------
 
 
@@ -659,6 +664,7 @@ def run_all(
     reference.train(False)
     with running_server(ours_dir, threads, workdir / "server.log") as base_url:
         native = served_native_context(base_url)
+        short_repeats = repeats * SHORT_RUN_REPEATS
         progress("1/5 serving path")
         engine = InferenceEngine.from_model_dirs(
             [ours_dir], device="cpu", dtype="float32", max_batch_size=MAX_BATCH_SIZE, max_queue=0
@@ -666,7 +672,7 @@ def run_all(
         engine.start()
         try:
             path = {
-                clients: measure_serving_path(base_url, engine, reference, clients, sizes, repeats)
+                clients: measure_serving_path(base_url, engine, reference, clients, sizes, short_repeats)
                 for clients in sizes.concurrency
             }
         finally:
@@ -680,7 +686,7 @@ def run_all(
         items = workload(native, sizes)
         workload_runs = measure_workload(base_url, reference, items, sizes, repeats)
         progress("5/5 mixed scalings")
-        mixed = measure_mixed(base_url, native, sizes, repeats)
+        mixed = measure_mixed(base_url, native, sizes, short_repeats)
     return Results(
         path, scaled, longest, stalls, workload_runs, workload_work(items, sizes.reference_batch), mixed
     )
@@ -778,8 +784,9 @@ def report(header: Header, sizes: Sizes, results: Results) -> str:
         f"(temperature 0), float32, {header.threads} intra-op thread(s) in the server and in this process",
         f"- Server (one process for every section, loopback only; MODEL_COPY is the EOS-disabled copy): "
         f"`{server}`",
-        f"- Medians of {header.repeats} repeat(s); kinds compared take turns within each repeat (after "
-        "one warm-up each unless noted) and ratios are medians of per-repeat ratios.",
+        f"- Medians of {header.repeats} repeat(s), {header.repeats * SHORT_RUN_REPEATS} for the short runs "
+        "of sections 1 and 5; kinds compared take turns within each repeat (after one warm-up each unless "
+        "noted) and ratios are medians of per-repeat ratios.",
     ]
     if header.quick:
         lines += ["", "**`--quick` run: sizes shrunk to a smoke test; these numbers mean nothing.**"]
