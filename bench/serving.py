@@ -103,6 +103,9 @@ class Sizes:
     reference_batch: int
     mixed_clients: int  # section 5
     repeats: int
+    # Sections 1 and 5 time runs of a second or two, where one hiccup of a shared machine moves a
+    # ratio by several percent: they take this many times the repeats of the long sections.
+    short_run_repeats: int
     request_timeout_s: float
 
 
@@ -125,6 +128,7 @@ FULL = Sizes(
     reference_batch=16,
     mixed_clients=16,
     repeats=3,
+    short_run_repeats=3,
     request_timeout_s=900.0,
 )
 QUICK = Sizes(
@@ -146,13 +150,9 @@ QUICK = Sizes(
     reference_batch=4,
     mixed_clients=4,
     repeats=1,
+    short_run_repeats=1,
     request_timeout_s=120.0,
 )
-
-
-# Sections 1 and 5 time runs of a second or two, where one hiccup of a shared machine moves a ratio
-# by several percent: they take this many times the repeats of the long sections.
-SHORT_RUN_REPEATS = 3
 
 
 # -- the server process ---------------------------------------------------------------------------
@@ -664,7 +664,7 @@ def run_all(
     reference.train(False)
     with running_server(ours_dir, threads, workdir / "server.log") as base_url:
         native = served_native_context(base_url)
-        short_repeats = repeats * SHORT_RUN_REPEATS
+        short_repeats = repeats * sizes.short_run_repeats
         progress("1/5 serving path")
         engine = InferenceEngine.from_model_dirs(
             [ours_dir], device="cpu", dtype="float32", max_batch_size=MAX_BATCH_SIZE, max_queue=0
@@ -784,9 +784,9 @@ def report(header: Header, sizes: Sizes, results: Results) -> str:
         f"(temperature 0), float32, {header.threads} intra-op thread(s) in the server and in this process",
         f"- Server (one process for every section, loopback only; MODEL_COPY is the EOS-disabled copy): "
         f"`{server}`",
-        f"- Medians of {header.repeats} repeat(s), {header.repeats * SHORT_RUN_REPEATS} for the short runs "
-        "of sections 1 and 5; kinds compared take turns within each repeat (after one warm-up each unless "
-        "noted) and ratios are medians of per-repeat ratios.",
+        f"- Medians of {header.repeats} repeat(s), {header.repeats * sizes.short_run_repeats} for the "
+        "short runs of sections 1 and 5; kinds compared take turns within each repeat (after one "
+        "warm-up each unless noted) and ratios are medians of per-repeat ratios.",
     ]
     if header.quick:
         lines += ["", "**`--quick` run: sizes shrunk to a smoke test; these numbers mean nothing.**"]
