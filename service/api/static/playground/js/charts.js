@@ -34,7 +34,7 @@ export function lineChart(canvasId, series, { xTitle, yTitle, yLog = false, xLog
     backgroundColor: line.colour,
     borderWidth: line.dashed ? 1.5 : 2,
     borderDash: line.dashed ? [6, 4] : [],
-    pointRadius: line.points.length > 40 ? 0 : 3,
+    pointRadius: line.dashed || line.points.length > 40 ? 0 : 3,
     spanGaps: true,
   }));
   return replace(canvasId, {

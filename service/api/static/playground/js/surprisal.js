@@ -81,7 +81,9 @@ export async function plotSurprisal(requests, model, window) {
     points: sweepLengths(values.length, model.max_context).map((length) => ({ x: length, y: meanBits(values, length) })),
   }));
   lineChart("sweep-chart", sweep, { xTitle: "context length L (tokens)", yTitle: unit, xLog: true });
+  const dynamic = requests.some(([type]) => type === "dynamic")
+    ? "; dynamic scaling ran with the table of the whole text's length" : "";
   document.getElementById("sweep-caption").textContent =
-    `Mean surprisal (${unit}) of the first L tokens, from the same scores; dynamic scaling ran with the table of the whole text's length.`;
+    `Mean surprisal (${unit}) of the first L tokens, from the same scores${dynamic}.`;
   return { numTokens, scores };
 }
