@@ -52,10 +52,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.service = state
     app.state.metrics = service_metrics
     install_error_handlers(app)
-    routers = [module.router for module in (generate, score, inspect, models, health, metrics)]
+    routers = [module.router for module in (generate, score, inspect, models, health, metrics, playground)]
     for router in routers:
         app.include_router(router)
-    playground.install(app)
+    playground.mount_static(app)
     # Added innermost first: the request context wraps everything, then auth, then the body limit.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     keys = settings.api_keys()

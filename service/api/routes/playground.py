@@ -30,7 +30,6 @@ def public_paths() -> tuple[str, ...]:
     return (PAGE_PATH, *(f"{STATIC_PREFIX}/{path.relative_to(STATIC_DIR).as_posix()}" for path in assets))
 
 
-def install(app: FastAPI) -> None:
-    """The page's route and its static files."""
-    app.include_router(router)
+def mount_static(app: FastAPI) -> None:
+    """The page's assets under STATIC_PREFIX (the page itself is `router`'s)."""
     app.mount(STATIC_PREFIX, StaticFiles(directory=STATIC_DIR), name="playground-static")
