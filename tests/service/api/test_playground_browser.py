@@ -209,6 +209,8 @@ def test_inspector_draws_a_heatmap_of_the_rope_table(page: Page, screenshots: Pa
     run_section(page, "#inspect", "inspect-section")
     cells = page.evaluate("""() => window.playground.chart("inspect-heatmap").data.datasets[0].data.length""")
     assert cells == 128 * 16  # 512 positions thinned to 128 rows, head_dim 32: 16 frequencies
+    description = page.get_attribute("#inspect-heatmap", "aria-label") or ""
+    assert description.startswith("Heatmap of cos by position")
     result = page.evaluate("""() => window.playground.results["inspect-section"]""")
     assert result["scaling"]["type"] == "yarn"
     assert len(result["rope"]["cos"]) == 512

@@ -14,9 +14,12 @@ export function colour(name, index = 0) {
 
 const charts = {};
 
-function replace(canvasId, config) {
+// A screen reader gets what the chart shows in words: its kind, axes and series.
+function replace(canvasId, config, description) {
   charts[canvasId]?.destroy();
-  charts[canvasId] = new Chart(document.getElementById(canvasId), config);
+  const canvas = document.getElementById(canvasId);
+  canvas.setAttribute("aria-label", description);
+  charts[canvasId] = new Chart(canvas, config);
   return charts[canvasId];
 }
 
@@ -50,7 +53,7 @@ export function lineChart(canvasId, series, { xTitle, yTitle, yLog = false, xLog
         y: { type: yLog ? "logarithmic" : "linear", title: { display: true, text: yTitle } },
       },
     },
-  });
+  }, `Line chart of ${yTitle} against ${xTitle}: ${series.map((line) => line.label).join(", ")}.`);
 }
 
 // Blue (lowest) through white to red (highest), linear in the value.
@@ -103,5 +106,5 @@ export function heatmap(canvasId, rows, { xs, ys, xTitle, yTitle, label }) {
           ticks: { callback: tick(ys) }, title: { display: true, text: yTitle } },
       },
     },
-  });
+  }, `Heatmap of ${label} by ${yTitle} (rows) and ${xTitle} (columns), from ${low.toPrecision(3)} (blue) to ${high.toPrecision(3)} (red).`);
 }
