@@ -217,6 +217,20 @@ def test_inspector_draws_a_heatmap_of_the_rope_table(page: Page, screenshots: Pa
     page.screenshot(path=screenshots / "playground.png", full_page=True)
 
 
+def test_inspector_draws_alibi_s_causal_bias(page: Page) -> None:
+    page.select_option("#inspect-pe", "alibi")
+    page.select_option("#inspect-scaling", "none")
+    page.fill("#inspect-length", "32")
+    page.fill("#inspect-heads", "4")
+    run_section(page, "#inspect", "inspect-section")
+    cells = page.evaluate("""() => window.playground.chart("inspect-heatmap").data.datasets[0].data.length""")
+    assert cells == 32 * 33 // 2  # keys up to the query only
+    slopes = page.evaluate("""() => window.playground.chart("inspect-lines").data.datasets[0].data.length""")
+    assert slopes == 4
+    page.select_option("#inspect-pe", "rope")  # leave the page as the reload test expects it
+    page.select_option("#inspect-scaling", "yarn")
+
+
 def test_settings_and_key_survive_a_reload(page: Page) -> None:
     url = page.url
     assert "scaling.yarn=1" in url and "inspect.scaling=yarn" in url

@@ -64,12 +64,13 @@ function diverging(value, low, high) {
   return `rgb(${rgb.join(",")})`;
 }
 
-// `rows[y][x]` as a heatmap; `xs` and `ys` label the columns and rows (after any striding).
+// `rows[y][x]` as a heatmap (null: no cell); `xs` and `ys` label the columns and rows (after any striding).
 export function heatmap(canvasId, rows, { xs, ys, xTitle, yTitle, label }) {
   const cells = [];
   let low = Infinity;
   let high = -Infinity;
   rows.forEach((row, yi) => row.forEach((v, xi) => {
+    if (v === null) return;  // a cell that does not exist (a masked attention entry): left blank
     cells.push({ x: xi, y: yi, v });
     low = Math.min(low, v);
     high = Math.max(high, v);

@@ -47,11 +47,12 @@ function drawAlibi(result, head) {
     { label: "slope", colour: "#1f77b4", points: alibi.slopes.map((y, x) => ({ x, y })) },
   ], { xTitle: "head", yTitle: "slope", yLog: true });
   caption("inspect-lines-caption", "ALiBi slope per head.");
-  const table = stride(alibi.bias[shown]);
+  const causal = alibi.bias[shown].map((row, query) => row.map((bias, key) => (key > query ? null : bias)));
+  const table = stride(causal);
   heatmap("inspect-heatmap", table.rows, {
     xs: indices(result.length), ys: table.labels, xTitle: "key", yTitle: "query", label: "bias",
   });
-  caption("inspect-heatmap-caption", `Bias slope × (key − query) of head ${shown}; keys after the query are masked.`);
+  caption("inspect-heatmap-caption", `Bias slope × (key − query) of head ${shown}; keys after the query are masked (blank).`);
 }
 
 function drawT5(result) {

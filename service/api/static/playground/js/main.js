@@ -95,7 +95,8 @@ function onScore() {
     needScalings();
     const text = byId("document").value;
     if (!text) throw new Error("Paste a text to score, or load the sample.");
-    const result = await plotSurprisal(requestsFor({ prompt: text }), selectedModel(), numberOf("window") ?? 1);
+    const span = Math.max(1, numberOf("window") ?? 1);
+    const result = await plotSurprisal(requestsFor({ prompt: text }), selectedModel(), span);
     status(`Scored ${result.numTokens} tokens under ${result.scores.length} scaling(s).`);
     return result;
   });
