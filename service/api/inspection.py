@@ -63,7 +63,7 @@ def _scaling(body: InspectRequest, supported: tuple[str, ...]) -> RopeScaling | 
 
 
 def _check_cells(cells: int, what: str) -> None:
-    """422 naming `length` when one table of the answer would hold more than MAX_CELLS numbers."""
+    """422 naming `length` when the answer's tables would hold more than MAX_CELLS numbers."""
     if cells > MAX_CELLS:
         message = f"length: the {what} would hold {cells} numbers, over the limit of {MAX_CELLS}."
         raise APIError(422, message, param="length")
@@ -71,7 +71,7 @@ def _check_cells(cells: int, what: str) -> None:
 
 def _rope(body: InspectRequest, scaling: RopeScaling | None) -> tuple[float, Table]:
     frequencies = body.head_dim // 2
-    _check_cells(body.length * frequencies, f"cos table ({body.length} x {frequencies})")
+    _check_cells(2 * body.length * frequencies, f"cos and sin tables (2 x {body.length} x {frequencies})")
     seq_len = body.seq_len or body.length
     tables = _CACHE.rope(
         body.head_dim,
