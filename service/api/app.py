@@ -17,12 +17,13 @@ from service.api.lifespan import engine_lifespan
 from service.api.loading import load_engine
 from service.api.metrics import ServiceMetrics
 from service.api.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestContextMiddleware
-from service.api.routes import generate, health, metrics, models, score
+from service.api.routes import generate, health, inspect, metrics, models, playground, score
 from service.api.state import ServiceState
 from service.engine.types import Engine, EngineStats
 from service.settings import Settings
 
-# Liveness, readiness, scraping and the API description stay reachable without a key.
+# Liveness, readiness, scraping and the API description stay reachable without a key; so do the
+# playground page and its assets (`playground.public_paths()`), which ask for the key themselves.
 OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
 
 _DESCRIPTION = (
@@ -51,14 +52,15 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.service = state
     app.state.metrics = service_metrics
     install_error_handlers(app)
-    routers = [module.router for module in (generate, score, models, health, metrics)]
+    routers = [module.router for module in (generate, score, inspect, models, health, metrics, playground)]
     for router in routers:
         app.include_router(router)
+    playground.mount_static(app)
     # Added innermost first: the request context wraps everything, then auth, then the body limit.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     keys = settings.api_keys()
     if keys:
-        app.add_middleware(ApiKeyMiddleware, keys=keys, open_paths=OPEN_PATHS)
+        app.add_middleware(ApiKeyMiddleware, keys=keys, open_paths=(*OPEN_PATHS, *playground.public_paths()))
     endpoints = [route.path for router in routers for route in router.routes if isinstance(route, APIRoute)]
     app.add_middleware(RequestContextMiddleware, metrics=service_metrics, endpoints=endpoints)
     return app

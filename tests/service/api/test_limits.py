@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from service.api.routes import playground
 from tests.live_server import LiveServer, live_server
 from tests.service.api.conftest import BASE_OPTIONS, SERVER_ENV
 from tests.service.api.helpers import assert_error_shape, metric_value, sse_data, wait_for
@@ -54,7 +55,12 @@ def queue_depth(client: httpx.Client) -> float:
 
 @pytest.mark.parametrize(
     ("method", "path", "body"),
-    [("POST", "/generate", SHORT), ("POST", "/score", {"prompt": "ab"}), ("GET", "/models", None)],
+    [
+        ("POST", "/generate", SHORT),
+        ("POST", "/score", {"prompt": "ab"}),
+        ("POST", "/inspect", {"length": 4}),
+        ("GET", "/models", None),
+    ],
 )
 @pytest.mark.parametrize("authorization", [None, "Bearer wrong-key", f"Basic {API_KEY}", "Bearer"])
 def test_inference_routes_need_the_key(
@@ -70,11 +76,28 @@ def test_the_right_key_opens_every_route(authed: httpx.Client) -> None:
     assert authed.get("/models").status_code == 200
     assert authed.post("/generate", json=SHORT).status_code == 200
     assert authed.post("/score", json={"prompt": "ab"}).status_code == 200
+    assert authed.post("/inspect", json={"length": 4}).status_code == 200
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics"])
 def test_operational_routes_stay_open(guarded_server: LiveServer, path: str) -> None:
     assert httpx.get(guarded_server.url(path)).status_code == 200
+
+
+def test_the_playground_page_and_its_assets_stay_open(
+    guarded_server: LiveServer, authed: httpx.Client
+) -> None:
+    """A browser cannot send the key with a page load: the page asks for it and sends it itself.
+
+    Only the files that exist are open, so the key still guards every other path.
+    """
+    paths = playground.public_paths()
+    assert "/playground/static/js/main.js" in paths
+    for path in paths:
+        assert httpx.get(guarded_server.url(path)).status_code == 200, path
+    missing = "/playground/static/missing.js"
+    assert_error_shape(httpx.get(guarded_server.url(missing)), 401, None)
+    assert_error_shape(authed.get(missing), 404, None)
 
 
 def test_full_queue_answers_429_with_retry_after(authed: httpx.Client) -> None:

@@ -1,0 +1,149 @@
+// Wires the page: the API key, the model list, the settings kept in the URL, and the three
+// sections' buttons. `window.playground` exposes the charts and each section's last result to
+// anyone scripting the page (the browser tests read it).
+
+import { apiKey, getJSON, setApiKey } from "./api.js";
+import { chart } from "./charts.js";
+import { compare } from "./compare.js";
+import { inspect } from "./inspect.js";
+import { SCALING_TYPES, buildScalingEditor, limitToSupported, scalingBody, tickedScalings } from "./scalings.js";
+import { plotSurprisal } from "./surprisal.js";
+import { restoreFromURL, saveToURL, urlValue, watchControls } from "./urlstate.js";
+
+const byId = (id) => document.getElementById(id);
+let models = [];
+
+function status(message, isError = false) {
+  const line = byId("status");
+  line.textContent = message;
+  line.classList.toggle("error", isError);
+}
+
+function selectedModel() {
+  return models.find((model) => model.name === byId("model").value);
+}
+
+function showModel() {
+  const model = selectedModel();
+  if (!model) return;
+  limitToSupported(model.supported_scalings);
+  byId("model-info").textContent =
+    `${model.scheme}, native context ${model.native_context}, max context ${model.max_context}, ${model.device} ${model.dtype}`;
+}
+
+async function loadModels() {
+  try {
+    models = (await getJSON("/models")).models;
+  } catch (error) {
+    status(`Could not list the models: ${error.message}${error.status === 401 ? " Enter the API key." : ""}`, true);
+    return;
+  }
+  const select = byId("model");
+  select.replaceChildren(...models.map((model) => new Option(`${model.name} (${model.scheme})`, model.name)));
+  const wanted = urlValue("model");
+  if (models.some((model) => model.name === wanted)) select.value = wanted;
+  showModel();
+  saveToURL();
+  status(`${models.length} model(s) ready.`);
+}
+
+function numberOf(id) {
+  const raw = byId(id).value.trim();
+  return raw === "" ? undefined : Number(raw);
+}
+
+function requestsFor(input) {
+  const model = selectedModel();
+  return tickedScalings().map((type) => [type, { model: model.name, ...input, pe_scaling: scalingBody(type) }]);
+}
+
+// Runs one section's action with its button disabled; marks the section done or failed.
+async function run(buttonId, sectionId, action) {
+  const button = byId(buttonId);
+  const section = byId(sectionId);
+  button.disabled = true;
+  section.dataset.state = "running";
+  try {
+    window.playground.results[sectionId] = await action();
+    section.dataset.state = "done";
+  } catch (error) {
+    section.dataset.state = "error";
+    status(error.message, true);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+function needScalings() {
+  if (!selectedModel()) throw new Error("No model: check the API key and reload.");
+  if (tickedScalings().length === 0) throw new Error("Tick at least one scaling.");
+}
+
+function onCompare() {
+  return run("compare", "compare-section", async () => {
+    needScalings();
+    const sampling = { max_new_tokens: numberOf("max-new-tokens"), temperature: numberOf("temperature") };
+    const seed = numberOf("seed");
+    if (seed !== undefined) sampling.seed = seed;
+    await compare(byId("columns"), requestsFor({ prompt: byId("prompt").value, ...sampling }));
+    status("Generation finished.");
+  });
+}
+
+function onScore() {
+  return run("score", "breaks-section", async () => {
+    needScalings();
+    const text = byId("document").value;
+    if (!text) throw new Error("Paste a text to score, or load the sample.");
+    const span = Math.max(1, numberOf("window") ?? 1);
+    const result = await plotSurprisal(requestsFor({ prompt: text }), selectedModel(), span);
+    status(`Scored ${result.numTokens} tokens under ${result.scores.length} scaling(s).`);
+    return result;
+  });
+}
+
+function onInspect() {
+  return run("inspect", "inspect-section", async () => {
+    const type = byId("inspect-scaling").value;
+    const body = {
+      pe: byId("inspect-pe").value,
+      length: numberOf("inspect-length"),
+      head_dim: numberOf("inspect-head-dim"),
+      rope_base: numberOf("inspect-base"),
+      num_heads: numberOf("inspect-heads"),
+      native_context: selectedModel()?.native_context ?? 256,
+      pe_scaling: scalingBody(type),
+    };
+    const result = await inspect(body, numberOf("inspect-head") ?? 0);
+    status(`Inspected ${result.pe} over ${result.length} positions.`);
+    return result;
+  });
+}
+
+async function loadSample() {
+  const response = await fetch("/playground/static/sample.txt");
+  byId("document").value = await response.text();
+}
+
+function start() {
+  window.playground = { chart, results: {} };
+  buildScalingEditor(byId("scalings"));
+  byId("inspect-scaling").replaceChildren(...SCALING_TYPES.map((type) => new Option(type, type)));
+  restoreFromURL();
+  watchControls();
+  saveToURL();
+  byId("api-key").value = apiKey();
+  byId("key-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    setApiKey(byId("api-key").value.trim());
+    loadModels();
+  });
+  byId("model").addEventListener("change", showModel);
+  byId("compare").addEventListener("click", onCompare);
+  byId("score").addEventListener("click", onScore);
+  byId("inspect").addEventListener("click", onInspect);
+  byId("load-sample").addEventListener("click", loadSample);
+  window.playground.ready = loadModels();
+}
+
+start();

@@ -1,0 +1,89 @@
+// Section 2: the text scored once per ticked scaling through /score; per-token surprisal in bits
+// against position (moving average), and mean surprisal of the first L tokens for L = 256, 512, ...
+
+import { postJSON } from "./api.js";
+import { colour, lineChart } from "./charts.js";
+
+const FIRST_SWEEP_LENGTH = 256;
+
+// Bits per token; the first token has no prefix, so it has no surprisal (null, a gap).
+function bits(tokenLogprobs) {
+  return tokenLogprobs.map((logprob) => (logprob === null ? null : -logprob / Math.LN2));
+}
+
+// Trailing moving average over the last `window` tokens that have a surprisal.
+function movingAverage(values, window) {
+  const result = [];
+  const recent = [];
+  let sum = 0;
+  for (const value of values) {
+    if (value === null) {
+      result.push(null);
+      continue;
+    }
+    recent.push(value);
+    sum += value;
+    if (recent.length > window) sum -= recent.shift();
+    result.push(sum / recent.length);
+  }
+  return result;
+}
+
+function sweepLengths(numTokens, maxContext) {
+  const limit = Math.min(numTokens, maxContext);
+  const lengths = [];
+  for (let length = FIRST_SWEEP_LENGTH; length <= limit; length *= 2) lengths.push(length);
+  if (lengths.at(-1) !== limit) lengths.push(limit);
+  return lengths;
+}
+
+// Mean surprisal of the tokens predicted within the first `length` tokens.
+function meanBits(values, length) {
+  const scored = values.slice(1, length);
+  return scored.reduce((total, value) => total + value, 0) / scored.length;
+}
+
+// A byte-level tokenizer gives one token per UTF-8 byte (plus BOS): then bits per token are bits per byte.
+function isByteLevel(text, tokens) {
+  const bytes = new TextEncoder().encode(text).length;
+  return tokens.length === bytes || tokens.length === bytes + 1;
+}
+
+// `requests`: [[scaling type, /score body]]; `model`: the chosen /models card.
+export async function plotSurprisal(requests, model, window) {
+  const scores = await Promise.all(requests.map(([, body]) => postJSON("/score", body)));
+  const series = scores.map((score, index) => {
+    const type = requests[index][0];
+    return { type, values: bits(score.token_logprobs), score };
+  });
+  const numTokens = Math.max(...scores.map((score) => score.num_tokens));
+  const lines = series.map(({ type, values }, index) => ({
+    label: type,
+    scaling: type,
+    colour: colour(type, index),
+    points: movingAverage(values, window).map((y, x) => ({ x, y })),
+  }));
+  const peak = Math.max(...lines.flatMap((line) => line.points.map((point) => point.y ?? 0)));
+  lines.push({
+    label: `native context (${model.native_context})`,
+    colour: "#888",
+    dashed: true,
+    points: [{ x: model.native_context, y: 0 }, { x: model.native_context, y: peak }],
+  });
+  lineChart("surprisal-chart", lines, { xTitle: "position (tokens)", yTitle: "surprisal (bits)" });
+
+  const perByte = isByteLevel(requests[0][1].prompt, scores[0].tokens);
+  const unit = perByte ? "bits per byte" : "bits per token";
+  const sweep = series.map(({ type, values }, index) => ({
+    label: type,
+    scaling: type,
+    colour: colour(type, index),
+    points: sweepLengths(values.length, model.max_context).map((length) => ({ x: length, y: meanBits(values, length) })),
+  }));
+  lineChart("sweep-chart", sweep, { xTitle: "context length L (tokens)", yTitle: unit, xLog: true });
+  const dynamic = requests.some(([type]) => type === "dynamic")
+    ? "; dynamic scaling ran with the table of the whole text's length" : "";
+  document.getElementById("sweep-caption").textContent =
+    `Mean surprisal (${unit}) of the first L tokens, from the same scores${dynamic}.`;
+  return { numTokens, scores };
+}
