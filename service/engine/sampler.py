@@ -109,7 +109,7 @@ def sample_rows(samplers: Sequence[Sampler], logits: Tensor) -> list[Pick]:
     a per-row draw, and only rows that use a penalty or a mask pay for it.
     """
     raw_logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
-    adjusted = _adjusted(samplers, logits)
+    adjusted = adjusted_logits(samplers, logits)
     best = torch.argmax(adjusted, dim=-1).tolist()
     tokens = [
         best[row] if sampler.greedy else sampler.draw(adjusted[row]) for row, sampler in enumerate(samplers)
@@ -141,7 +141,7 @@ def _top_logprobs(raw_logprobs: Tensor, counts: list[int]) -> list[TopLogprobs |
     return [row[:count] if count else None for row, count in zip(rows, counts, strict=True)]
 
 
-def _adjusted(samplers: Sequence[Sampler], logits: Tensor) -> Tensor:
+def adjusted_logits(samplers: Sequence[Sampler], logits: Tensor) -> Tensor:
     """The logits tokens are chosen from: `logits` itself when no row adjusts anything."""
     steps: list[tuple[Callable[[Sampler], bool], Callable[[Tensor, Sequence[Sampler]], Tensor]]] = [
         (lambda sampler: sampler.penalizes_repetition, _repetition_penalty),
