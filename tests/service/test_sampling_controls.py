@@ -206,7 +206,7 @@ def test_every_control_shares_one_batch_without_changing_other_rows(plain_dir: P
         engine.start()  # all admitted in one step: they share every decode step
         batched = [result_of(handle) for handle in handles]
         singles = [alone(engine, request) for request in requests]
-    assert len({result.tokens for result in batched}) >= 6  # the controls did change their rows
+    assert len({result.tokens for result in batched}) >= 5  # the penalties and min_p did change theirs
     for result, single in zip(batched, singles, strict=True):
         assert_same_generation(result, single)
         assert result.finish_reason == single.finish_reason
