@@ -16,8 +16,8 @@ from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from service.api.convert import finish_reason, pe_block, timing_block, usage
-from service.api.errors import APIError, error_body, from_engine_error, internal_error
+from service.api.convert import TokenText, finish_reason, pe_block, timing_block, top_logprob_entries, usage
+from service.api.errors import APIError, error_payload, from_engine_error, internal_error
 from service.api.schemas.responses import StreamEnd, StreamToken
 from service.engine.errors import EngineError
 from service.engine.types import EngineEvent, GenerationResult, RequestHandle, TokenEvent
@@ -32,9 +32,10 @@ def sse_event(payload: BaseModel | dict[str, Any]) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-def token_event(event: TokenEvent) -> bytes:
-    """`{"token", "text"}`, plus `logprob` only when the request asked for logprobs."""
-    token = StreamToken(token=event.token, text=event.text, logprob=event.logprob)
+def token_event(event: TokenEvent, text: TokenText) -> bytes:
+    """`{"token", "text"}`, plus `logprob` and `top_logprobs` only when the request asked for them."""
+    alternatives = top_logprob_entries(event.top_logprobs, text) if event.top_logprobs is not None else None
+    token = StreamToken(token=event.token, text=event.text, logprob=event.logprob, top_logprobs=alternatives)
     return f"data: {token.model_dump_json(exclude_none=True)}\n\n".encode()
 
 
@@ -45,13 +46,14 @@ async def generation_events(
     model: str,
     request_id: str,
     on_event: Callable[[EngineEvent], None],
+    text: TokenText,
 ) -> AsyncIterator[bytes]:
     """The SSE body of one generation."""
     try:
         async for event in handle:
             on_event(event)
             if isinstance(event, TokenEvent):
-                yield token_event(event)
+                yield token_event(event, text)
             elif isinstance(event, GenerationResult):
                 end = StreamEnd(
                     id=response_id,
@@ -64,10 +66,10 @@ async def generation_events(
                 yield sse_event(end)
         yield DONE
     except Exception as error:
-        yield sse_event(_failure_body(error, request_id))
+        yield failure_event(error, request_id)
 
 
-def _failure_body(error: Exception, request_id: str) -> dict[str, Any]:
+def failure_event(error: Exception, request_id: str, *, openai: bool = False) -> bytes:
     """The error event for a stream that failed; only unexpected exceptions are logged here."""
     if isinstance(error, APIError):
         failure = error
@@ -76,7 +78,7 @@ def _failure_body(error: Exception, request_id: str) -> dict[str, Any]:
     else:
         logger.exception("stream failed")
         failure = internal_error(request_id)
-    return error_body(failure.error_type, failure.message, failure.param)
+    return sse_event(error_payload(failure, openai=openai))
 
 
 class EventStreamResponse(StreamingResponse):

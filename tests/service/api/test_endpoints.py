@@ -49,6 +49,7 @@ def test_generate_returns_the_spec_response(client: httpx.Client) -> None:
         "text",
         "tokens",
         "logprobs",
+        "top_logprobs",
         "finish_reason",
         "usage",
         "pe",
