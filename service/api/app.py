@@ -17,7 +17,17 @@ from service.api.lifespan import engine_lifespan
 from service.api.loading import load_engine
 from service.api.metrics import ServiceMetrics
 from service.api.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestContextMiddleware
-from service.api.routes import generate, health, metrics, models, score
+from service.api.routes import (
+    generate,
+    health,
+    metrics,
+    models,
+    openai_chat,
+    openai_completions,
+    openai_models,
+    score,
+    tokenizer,
+)
 from service.api.state import ServiceState
 from service.engine.types import Engine, EngineStats
 from service.settings import Settings
@@ -51,7 +61,18 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.service = state
     app.state.metrics = service_metrics
     install_error_handlers(app)
-    routers = [module.router for module in (generate, score, models, health, metrics)]
+    modules = (
+        generate,
+        score,
+        models,
+        openai_models,
+        openai_completions,
+        openai_chat,
+        tokenizer,
+        health,
+        metrics,
+    )
+    routers = [module.router for module in modules]
     for router in routers:
         app.include_router(router)
     # Added innermost first: the request context wraps everything, then auth, then the body limit.

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from starlette.types import Receive
 
@@ -78,7 +78,8 @@ async def final_results(
     watcher = asyncio.ensure_future(wait_for_disconnect(receive))
     finished = False
     try:
-        await asyncio.wait({everything, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        waiting: set[asyncio.Future[Any]] = {everything, watcher}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if not everything.done():
             raise ClientDisconnectedError(", ".join(handle.request_id for handle in handles))
         results = everything.result()  # raises the first failure

@@ -7,9 +7,10 @@ cancels the engine request, which is what frees the batch slot of a client that 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -109,3 +110,35 @@ class EventStreamResponse(StreamingResponse):
         finally:
             if not self._completed:
                 self._on_abort()
+
+
+async def merged_events(handles: Sequence[RequestHandle]) -> AsyncIterator[tuple[int, EngineEvent]]:
+    """The events of several handles as they come, each with its handle's index.
+
+    The first failure of any handle is raised; leaving the iteration stops reading all of them
+    (cancelling the requests is the caller's, as for one handle).
+    """
+    queue: asyncio.Queue[tuple[int, EngineEvent | Exception | None]] = asyncio.Queue()
+
+    async def pump(index: int, handle: RequestHandle) -> None:
+        try:
+            async for event in handle:
+                queue.put_nowait((index, event))
+            queue.put_nowait((index, None))
+        except Exception as error:
+            queue.put_nowait((index, error))
+
+    pumps = [asyncio.ensure_future(pump(index, handle)) for index, handle in enumerate(handles)]
+    try:
+        running = len(pumps)
+        while running:
+            index, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in pumps:
+            task.cancel()
