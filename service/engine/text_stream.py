@@ -51,6 +51,7 @@ class TextStream:
         self._decoder = IncrementalDecoder(decode)
         self._stop = tuple(s for s in stop if s)
         self._released = 0
+        self._floor = 0  # stops must end past this: text up to it came while stops were suppressed
         self.text = ""
         self.stopped = False
 
@@ -62,7 +63,9 @@ class TextStream:
         stop string is still held back then, so a stop string completed later is still caught.
         """
         text = self._decoder.append(token)
-        stop_at = self._first_stop(text) if may_stop else None
+        if not may_stop:
+            self._floor = len(text)
+        stop_at = self._first_stop(text)
         if stop_at is not None:
             self.stopped = True
             text, safe = text[:stop_at], stop_at
@@ -75,11 +78,10 @@ class TextStream:
         return released
 
     def _first_stop(self, text: str) -> int | None:
-        # A stop string must end in text not yet released: one wholly inside released text was
-        # let through while stops were suppressed (min_tokens), and is not a stop any more.
-        hits = [
-            index for s in self._stop if (index := text.find(s, max(0, self._released - len(s) + 1))) >= 0
-        ]
+        # A stop string must end in text not yet released, and past what came while stops were
+        # suppressed (min_tokens): one completed then was let through and is not a stop any more.
+        end_after = max(self._released, self._floor)
+        hits = [index for s in self._stop if (index := text.find(s, max(0, end_after - len(s) + 1))) >= 0]
         return min(hits) if hits else None
 
     def _safe_length(self, text: str) -> int:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from service.engine.sampler import Sampler, adjusted_logits, sample_rows
+from service.engine.text_stream import TextStream
 from service.engine.types import (
     GenerationRequest,
     GenerationResult,
@@ -19,6 +20,7 @@ from service.engine.types import (
     ScoreRequest,
     ScoreResult,
 )
+from service.tokenizers import ByteTokenizer
 from tests.service.test_engine import alone, assert_same_generation, result_of, running_engine
 
 LOGITS = torch.tensor([0.1, 2.0, -1.0, 1.5, 0.0])
@@ -222,3 +224,13 @@ def _close(batched: GenerationResult, single: GenerationResult) -> bool:
         and all(abs(a.logprob - b.logprob) <= 1e-4 for a, b in zip(left, right, strict=True))
         for left, right in pairs
     )
+
+
+def test_stop_strings_completed_before_min_tokens_do_not_stop_later_ones_do() -> None:
+    stream = TextStream(ByteTokenizer().decode, ("ab",))
+    pieces = [stream.push(ord(char), may_stop=False) for char in "xab"]
+    assert not stream.stopped  # "ab" came while stops were suppressed
+    pieces += [stream.push(ord(char)) for char in "ca"]
+    assert not stream.stopped and "".join(pieces) == "xabc"  # "a" may begin a stop: held back
+    stream.push(ord("b"))
+    assert stream.stopped and stream.text == "xabc"

@@ -79,9 +79,10 @@ class CompletionRequest(OpenAIRequest):
         prompt = self.prompt
         if isinstance(prompt, str):
             return [prompt]
-        if all(isinstance(item, int) for item in prompt):
-            return [list(prompt)]  # type: ignore[arg-type]
-        return list(prompt)  # type: ignore[arg-type]
+        ids = [item for item in prompt if isinstance(item, int)]
+        if len(ids) == len(prompt):
+            return [ids]
+        return [item for item in prompt if not isinstance(item, int)]
 
 
 class TextPart(StrictBody):

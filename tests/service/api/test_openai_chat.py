@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 import transformers
+from openai.types.chat import ChatCompletionMessageParam
 from tokenizers import Tokenizer
 
 from tests.live_server import LiveServer, OptionValue, live_server
@@ -36,7 +37,7 @@ TEMPLATE = (
     "{% endfor %}\n"
     "{% if add_generation_prompt %}w3{% endif %}"
 )
-MESSAGES: list[dict[str, Any]] = [
+MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "system", "content": "w10 w11"},
     {"role": "user", "content": "w12 w13 w14"},
     {"role": "assistant", "content": "w15"},
@@ -88,7 +89,8 @@ def http(chat_server: LiveServer) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="module")
 def oracle_ids(chat_dir: Path) -> list[int]:
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(chat_dir))
-    ids = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+    conversation: Any = MESSAGES
+    ids: Any = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
@@ -103,7 +105,7 @@ def test_the_prompt_is_the_one_transformers_renders(http: httpx.Client, oracle_i
 def test_chat_answers_with_the_generation_of_that_prompt(
     oai: openai.OpenAI, http: httpx.Client, oracle_ids: list[int]
 ) -> None:
-    chat = oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0)  # type: ignore[arg-type]
+    chat = oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0)
     expected = http.post(
         "/generate", json={"tokens": oracle_ids, "max_new_tokens": 6, "temperature": 0}
     ).json()
@@ -122,7 +124,7 @@ def test_chat_logprobs_have_the_chat_shape(
         max_tokens=4,
         temperature=0,
         logprobs=True,
-        top_logprobs=3,  # type: ignore[arg-type]
+        top_logprobs=3,
     )
     expected = http.post(
         "/generate", json={"tokens": oracle_ids, "max_new_tokens": 4, "temperature": 0, "logprobs": True}
@@ -136,11 +138,11 @@ def test_chat_logprobs_have_the_chat_shape(
 
 
 def test_a_streamed_chat_adds_up_to_the_whole_answer(oai: openai.OpenAI) -> None:
-    whole = oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0)  # type: ignore[arg-type]
+    whole = oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0)
     chunks = list(
         oai.chat.completions.create(
             model=MODEL,
-            messages=MESSAGES,  # type: ignore[arg-type]
+            messages=MESSAGES,
             max_tokens=6,
             temperature=0,
             stream=True,
