@@ -8,7 +8,7 @@ Logprobs take the chat shape: per token its text, bytes, log-probability and `to
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, Depends, Request, Response
 
@@ -41,7 +41,14 @@ from service.api.schemas.openai import (
 )
 from service.api.schemas.responses import PEBlock
 from service.api.streaming import DONE, EventStreamResponse, failure_event, merged_events, sse_event
-from service.engine.types import GenerationRequest, GenerationResult, RequestHandle, TokenEvent, TopLogprobs
+from service.engine.types import (
+    EngineEvent,
+    GenerationRequest,
+    GenerationResult,
+    RequestHandle,
+    TokenEvent,
+    TopLogprobs,
+)
 
 router = APIRouter(tags=["openai"], dependencies=[Depends(require_json)])
 
@@ -84,11 +91,12 @@ async def chat_completions(
     ]
     handles = submit_all(engine, jobs)
     text = token_text(engine, model.name)
+    first_token = FirstTokenTimer(metrics, started_at)
     if body.stream:
-        events = _stream(body, handles, response_id, model.name, len(tokens), text, request_id)
+        events = _stream(body, handles, response_id, model.name, len(tokens), text, request_id, first_token)
         return EventStreamResponse(events, on_abort=lambda: cancel_all(handles))
     try:
-        results = await final_results(handles, request.receive, FirstTokenTimer(metrics, started_at))
+        results = await final_results(handles, request.receive, first_token)
     except ClientDisconnectedError:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     generated = [result for result in results if isinstance(result, GenerationResult)]
@@ -144,6 +152,7 @@ async def _stream(
     prompt_tokens: int,
     text: TokenText,
     request_id: str,
+    on_event: Callable[[EngineEvent], None],
 ) -> AsyncIterator[bytes]:
     """The assistant role first for every choice, then content deltas, then each choice's end."""
     created = created_now()
@@ -158,6 +167,7 @@ async def _stream(
             yield chunk(ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content="")))
         completion_tokens = 0
         async for index, event in merged_events(handles):
+            on_event(event)
             if isinstance(event, TokenEvent):
                 logprobs = _chat_logprobs(
                     (event.token,),

@@ -9,7 +9,7 @@ numbered prompt by prompt, `n` per prompt, as OpenAI numbers them.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -39,6 +39,7 @@ from service.api.schemas.openai import (
 from service.api.streaming import DONE, EventStreamResponse, failure_event, merged_events, sse_event
 from service.engine.types import (
     Engine,
+    EngineEvent,
     GenerationRequest,
     GenerationResult,
     PEInfo,
@@ -90,7 +91,9 @@ async def completions(
     text = token_text(engine, target.model.name)
     first_token = FirstTokenTimer(metrics, started_at)
     if body.stream:
-        events = _stream(body, plan, generations, scores, response_id, target.model.name, text, request_id)
+        events = _stream(
+            body, plan, generations, scores, response_id, target.model.name, text, request_id, first_token
+        )
         return EventStreamResponse(events, on_abort=lambda: cancel_all(handles))
     try:
         results = await final_results(handles, request.receive, first_token)
@@ -243,6 +246,7 @@ async def _stream(
     model: str,
     text: TokenText,
     request_id: str,
+    on_event: Callable[[EngineEvent], None],
 ) -> AsyncIterator[bytes]:
     """Echoed prompts first (once their scores are in), then tokens as they come, then the ends."""
     created = created_now()
@@ -277,6 +281,7 @@ async def _stream(
                 yield chunk(choice, "", None, "length", plan.resolved_pe)
         completion_tokens = 0
         async for choice, event in merged_events(generations):
+            on_event(event)
             if isinstance(event, TokenEvent):
                 logprobs = None
                 if body.logprobs is not None:
