@@ -7,10 +7,13 @@ Hugging Face ones). Prompts are encoded that way, token lists sent by clients ar
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from tokenizers import Tokenizer as _HFTokenizer
+
+from service.engine.types import TokenizerInfo
 
 
 class TextTokenizer(Protocol):
@@ -59,3 +62,39 @@ class HFTokenizer:
     def __reduce__(self) -> tuple[type[HFTokenizer], tuple[Path]]:
         """Sent to another process as its file, which that process reads again."""
         return HFTokenizer, (self.path,)
+
+
+def hf_tokenizer_info(directory: Path, *, bos_id: int | None, eos_id: int | None) -> TokenizerInfo:
+    """Special tokens and chat template from a Hugging Face directory, where transformers looks.
+
+    `tokenizer_config.json` holds the special tokens (as text or as an AddedToken dict) and the
+    chat template (one string, or a list of named templates whose "default" is the one used);
+    a `chat_template.jinja` beside it takes precedence, as in recent transformers.
+    """
+    config_path = directory / "tokenizer_config.json"
+    config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    template_file = directory / "chat_template.jinja"
+    template = template_file.read_text() if template_file.is_file() else _default_template(config)
+    return TokenizerInfo(
+        bos_token=_token_text(config.get("bos_token")),
+        eos_token=_token_text(config.get("eos_token")),
+        pad_token=_token_text(config.get("pad_token")),
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        chat_template=template,
+    )
+
+
+def _token_text(value: object) -> str | None:
+    if isinstance(value, dict):
+        content = value.get("content")
+        return content if isinstance(content, str) else None
+    return value if isinstance(value, str) else None
+
+
+def _default_template(config: dict[str, Any]) -> str | None:
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None

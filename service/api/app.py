@@ -17,7 +17,19 @@ from service.api.lifespan import engine_lifespan
 from service.api.loading import load_engine
 from service.api.metrics import ServiceMetrics
 from service.api.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestContextMiddleware
-from service.api.routes import generate, health, inspect, metrics, models, playground, score
+from service.api.routes import (
+    generate,
+    health,
+    inspect,
+    metrics,
+    models,
+    openai_chat,
+    openai_completions,
+    openai_models,
+    playground,
+    score,
+    tokenizer,
+)
 from service.api.state import ServiceState
 from service.engine.types import Engine, EngineStats
 from service.settings import Settings
@@ -52,7 +64,20 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.service = state
     app.state.metrics = service_metrics
     install_error_handlers(app)
-    routers = [module.router for module in (generate, score, inspect, models, health, metrics, playground)]
+    modules = (
+        generate,
+        score,
+        inspect,
+        models,
+        openai_models,
+        openai_completions,
+        openai_chat,
+        tokenizer,
+        health,
+        metrics,
+        playground,
+    )
+    routers = [module.router for module in modules]
     for router in routers:
         app.include_router(router)
     playground.mount_static(app)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import Response
 from pydantic import BaseModel
 
@@ -12,9 +14,13 @@ from service.api.schemas.responses import (
     ModelCard,
     PEBlock,
     TimingBlock,
+    TopLogprobEntry,
     Usage,
 )
-from service.engine.types import GenerationResult, ModelInfo, PEInfo, Timing
+from service.engine.types import Engine, GenerationResult, ModelInfo, PEInfo, Timing, TopLogprobs
+
+# One token's text, for reporting alternatives (the tokenizer lives on this side of the engine too).
+TokenText = Callable[[int], str]
 
 _CLIENT_FINISH_REASONS: tuple[FinishReason, ...] = ("length", "stop", "eos")
 
@@ -56,13 +62,34 @@ def finish_reason(result: GenerationResult) -> FinishReason:
     )
 
 
-def generate_response(response_id: str, model: str, result: GenerationResult) -> GenerateResponse:
+def token_text(engine: Engine, model: str) -> TokenText:
+    def text(token: int) -> str:
+        return engine.decode(model, [token])
+
+    return text
+
+
+def top_logprob_entries(alternatives: TopLogprobs, text: TokenText) -> list[TopLogprobEntry]:
+    return [
+        TopLogprobEntry(token=entry.token, text=text(entry.token), logprob=entry.logprob)
+        for entry in alternatives
+    ]
+
+
+def generate_response(
+    response_id: str, model: str, result: GenerationResult, text: TokenText
+) -> GenerateResponse:
     return GenerateResponse(
         id=response_id,
         model=model,
         text=result.text,
         tokens=list(result.tokens),
         logprobs=list(result.logprobs) if result.logprobs is not None else None,
+        top_logprobs=(
+            [top_logprob_entries(position, text) for position in result.top_logprobs]
+            if result.top_logprobs is not None
+            else None
+        ),
         finish_reason=finish_reason(result),
         usage=usage(result),
         pe=pe_block(result.pe),

@@ -3,6 +3,10 @@
 Every status the service answers with an error goes through `error_response`, whether it comes
 from request validation, `pe_runtime`'s config checks, the engine, the middlewares (401, 413) or
 an unexpected exception (500, logged with its stack trace but never echoed to the client).
+
+Under `/v1` the same failures take OpenAI's shape, `{"error": {message, type, param, code}}`,
+and invalid input is a 400 as OpenAI answers it (OpenAI clients raise BadRequestError for it);
+`code` carries our specific error type. That translation is `error_payload`'s and `_status`'s.
 """
 
 from __future__ import annotations
@@ -31,6 +35,18 @@ from service.engine.errors import (
 logger = logging.getLogger("service.api")
 
 SCALING_FIELD = "pe_scaling"
+OPENAI_PREFIX = "/v1/"
+
+# OpenAI's error types by status; anything else is a server error.
+_OPENAI_TYPES: Mapping[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+}
 
 _STATUS_TYPES: Mapping[int, str] = {
     400: "bad_request",
@@ -79,9 +95,25 @@ def error_body(error_type: str, message: str, param: str | None = None) -> dict[
     return {"error": {"type": error_type, "message": message, "param": param}}
 
 
-def error_response(error: APIError) -> JSONResponse:
-    body = error_body(error.error_type, error.message, error.param)
-    return JSONResponse(body, status_code=error.status, headers=error.headers)
+def is_openai_path(path: str) -> bool:
+    return path.startswith(OPENAI_PREFIX)
+
+
+def error_payload(error: APIError, *, openai: bool = False) -> dict[str, Any]:
+    """The error body in the SPEC's shape, or in OpenAI's for the `/v1` routes."""
+    if not openai:
+        return error_body(error.error_type, error.message, error.param)
+    kind = _OPENAI_TYPES.get(_status(error, openai=True), "server_error")
+    return {"error": {"message": error.message, "type": kind, "param": error.param, "code": error.error_type}}
+
+
+def _status(error: APIError, *, openai: bool) -> int:
+    return 400 if openai and error.status == 422 else error.status
+
+
+def error_response(error: APIError, *, openai: bool = False) -> JSONResponse:
+    body = error_payload(error, openai=openai)
+    return JSONResponse(body, status_code=_status(error, openai=openai), headers=error.headers)
 
 
 def internal_error(request_id: str) -> APIError:
@@ -154,8 +186,8 @@ def from_http_exception(error: StarletteHTTPException) -> APIError:
 
 
 def _responding_with(convert: Callable[[Any], APIError]) -> Callable[[Request, Exception], Any]:
-    async def handle(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(convert(exc))
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(convert(exc), openai=is_openai_path(request.url.path))
 
     return handle
 

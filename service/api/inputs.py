@@ -35,18 +35,44 @@ def prepare_input(
         raise APIError(422, "Exactly one of 'prompt' and 'tokens' is required.", param="prompt")
     model = engine.resolve_model(body.model, body.pe)
     scaling = scaling_for(model, body.pe_scaling)
-    tokens = _tokens(engine, model, body)
+    field = "prompt" if body.prompt is not None else "tokens"
+    tokens = input_tokens(engine, model, body.prompt if body.prompt is not None else body.tokens, field=field)
+    check_lengths(model, tokens, field=field, new_tokens=new_tokens, min_tokens=min_tokens)
+    return PreparedInput(model=model, tokens=tokens, scaling=scaling)
+
+
+def input_tokens(
+    engine: Engine, model: ModelInfo, given: str | list[int] | None, *, field: str
+) -> tuple[int, ...]:
+    """Text encoded as a document (BOS first), or token ids checked against the vocabulary."""
+    assert given is not None
+    if isinstance(given, str):
+        return tuple(engine.encode(model.name, given))
+    for index, token in enumerate(given):
+        if token >= model.vocab_size:
+            vocabulary = f"0..{model.vocab_size - 1}"
+            message = f"{field}.{index}: id {token} is outside the vocabulary of {model.name} ({vocabulary})."
+            raise APIError(422, message, param=f"{field}.{index}")
+    return tuple(given)
+
+
+def check_lengths(
+    model: ModelInfo,
+    tokens: tuple[int, ...],
+    *,
+    field: str,
+    new_tokens: int,
+    min_tokens: int = 1,
+    new_tokens_field: str = "max_new_tokens",
+) -> None:
     if len(tokens) < min_tokens:
-        field = "prompt" if body.prompt is not None else "tokens"
         raise APIError(
             422, f"{field} must have at least {min_tokens} tokens, got {len(tokens)}.", param=field
         )
     if new_tokens > model.max_context:
-        message = (
-            f"max_new_tokens ({new_tokens}) exceeds the max_context of {model.name} ({model.max_context})."
-        )
-        raise APIError(422, message, param="max_new_tokens")
-    return PreparedInput(model=model, tokens=tokens, scaling=scaling)
+        limit = f"the max_context of {model.name} ({model.max_context})"
+        message = f"{new_tokens_field} ({new_tokens}) exceeds {limit}."
+        raise APIError(422, message, param=new_tokens_field)
 
 
 def scaling_for(model: ModelInfo, requested: PEScaling | None) -> RopeScaling | None:
@@ -61,15 +87,3 @@ def scaling_for(model: ModelInfo, requested: PEScaling | None) -> RopeScaling | 
         )
         raise APIError(422, message, param=f"{SCALING_FIELD}.type")
     return RopeScaling.from_hf(requested.to_hf(), max_position_embeddings=model.native_context)
-
-
-def _tokens(engine: Engine, model: ModelInfo, body: InferenceInput) -> tuple[int, ...]:
-    if body.tokens is None:
-        assert body.prompt is not None
-        return tuple(engine.encode(model.name, body.prompt))
-    for index, token in enumerate(body.tokens):
-        if token >= model.vocab_size:
-            vocabulary = f"0..{model.vocab_size - 1}"
-            message = f"tokens.{index}: id {token} is outside the vocabulary of {model.name} ({vocabulary})."
-            raise APIError(422, message, param=f"tokens.{index}")
-    return tuple(body.tokens)

@@ -16,7 +16,7 @@ from collections.abc import Collection
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.errors import APIError, error_response, internal_error
+from service.api.errors import APIError, error_response, internal_error, is_openai_path
 from service.api.logs import request_id_var
 from service.api.metrics import ServiceMetrics
 
@@ -71,7 +71,8 @@ class RequestContextMiddleware:
         except Exception:
             logger.exception("unhandled error", extra={"path": scope["path"]})
             if not response_started:
-                await error_response(internal_error(request_id))(scope, receive, send_with_id)
+                failure = error_response(internal_error(request_id), openai=is_openai_path(scope["path"]))
+                await failure(scope, receive, send_with_id)
         finally:
             elapsed = time.perf_counter() - started
             endpoint = scope["path"] if scope["path"] in self.endpoints else UNKNOWN_ENDPOINT
@@ -103,7 +104,7 @@ class ApiKeyMiddleware:
             error = APIError(
                 401, "Missing or invalid API key.", headers={"WWW-Authenticate": 'Bearer realm="pe-serve"'}
             )
-            await error_response(error)(scope, receive, send)
+            await error_response(error, openai=is_openai_path(scope["path"]))(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -138,7 +139,7 @@ class BodyLimitMiddleware:
         if buffered is None:
             message = f"Request body exceeds the limit of {self.max_body_bytes} bytes."
             error = APIError(413, message, headers={"Connection": "close"})
-            await error_response(error)(scope, receive, send)
+            await error_response(error, openai=is_openai_path(scope["path"]))(scope, receive, send)
             return
         pending = [buffered]
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from service.api.schemas.openai import OpenAIErrorResponse
 from service.api.schemas.responses import ErrorResponse, StreamEnd, StreamToken
 from service.api.schemas.scaling import SCALING_EXAMPLES
 
@@ -25,6 +26,15 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 INFERENCE_ERRORS = error_responses(401, 404, 413, 415, 422, 429, 503)
+
+
+def openai_errors() -> dict[int | str, dict[str, Any]]:
+    """The `/v1` routes' errors: OpenAI's shape, invalid input as 400."""
+    descriptions = {**_DESCRIPTIONS, 400: _DESCRIPTIONS[422]}
+    return {
+        status: {"model": OpenAIErrorResponse, "description": descriptions[status]}
+        for status in (400, 401, 404, 413, 415, 429, 503)
+    }
 
 
 def _component_schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -7,17 +7,18 @@ cancels the engine request, which is what frees the batch slot of a client that 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from service.api.convert import finish_reason, pe_block, timing_block, usage
-from service.api.errors import APIError, error_body, from_engine_error, internal_error
+from service.api.convert import TokenText, finish_reason, pe_block, timing_block, top_logprob_entries, usage
+from service.api.errors import APIError, error_payload, from_engine_error, internal_error
 from service.api.schemas.responses import StreamEnd, StreamToken
 from service.engine.errors import EngineError
 from service.engine.types import EngineEvent, GenerationResult, RequestHandle, TokenEvent
@@ -32,9 +33,10 @@ def sse_event(payload: BaseModel | dict[str, Any]) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-def token_event(event: TokenEvent) -> bytes:
-    """`{"token", "text"}`, plus `logprob` only when the request asked for logprobs."""
-    token = StreamToken(token=event.token, text=event.text, logprob=event.logprob)
+def token_event(event: TokenEvent, text: TokenText) -> bytes:
+    """`{"token", "text"}`, plus `logprob` and `top_logprobs` only when the request asked for them."""
+    alternatives = top_logprob_entries(event.top_logprobs, text) if event.top_logprobs is not None else None
+    token = StreamToken(token=event.token, text=event.text, logprob=event.logprob, top_logprobs=alternatives)
     return f"data: {token.model_dump_json(exclude_none=True)}\n\n".encode()
 
 
@@ -45,13 +47,14 @@ async def generation_events(
     model: str,
     request_id: str,
     on_event: Callable[[EngineEvent], None],
+    text: TokenText,
 ) -> AsyncIterator[bytes]:
     """The SSE body of one generation."""
     try:
         async for event in handle:
             on_event(event)
             if isinstance(event, TokenEvent):
-                yield token_event(event)
+                yield token_event(event, text)
             elif isinstance(event, GenerationResult):
                 end = StreamEnd(
                     id=response_id,
@@ -64,10 +67,10 @@ async def generation_events(
                 yield sse_event(end)
         yield DONE
     except Exception as error:
-        yield sse_event(_failure_body(error, request_id))
+        yield failure_event(error, request_id)
 
 
-def _failure_body(error: Exception, request_id: str) -> dict[str, Any]:
+def failure_event(error: Exception, request_id: str, *, openai: bool = False) -> bytes:
     """The error event for a stream that failed; only unexpected exceptions are logged here."""
     if isinstance(error, APIError):
         failure = error
@@ -76,7 +79,7 @@ def _failure_body(error: Exception, request_id: str) -> dict[str, Any]:
     else:
         logger.exception("stream failed")
         failure = internal_error(request_id)
-    return error_body(failure.error_type, failure.message, failure.param)
+    return sse_event(error_payload(failure, openai=openai))
 
 
 class EventStreamResponse(StreamingResponse):
@@ -107,3 +110,35 @@ class EventStreamResponse(StreamingResponse):
         finally:
             if not self._completed:
                 self._on_abort()
+
+
+async def merged_events(handles: Sequence[RequestHandle]) -> AsyncIterator[tuple[int, EngineEvent]]:
+    """The events of several handles as they come, each with its handle's index.
+
+    The first failure of any handle is raised; leaving the iteration stops reading all of them
+    (cancelling the requests is the caller's, as for one handle).
+    """
+    queue: asyncio.Queue[tuple[int, EngineEvent | Exception | None]] = asyncio.Queue()
+
+    async def pump(index: int, handle: RequestHandle) -> None:
+        try:
+            async for event in handle:
+                queue.put_nowait((index, event))
+            queue.put_nowait((index, None))
+        except Exception as error:
+            queue.put_nowait((index, error))
+
+    pumps = [asyncio.ensure_future(pump(index, handle)) for index, handle in enumerate(handles)]
+    try:
+        running = len(pumps)
+        while running:
+            index, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in pumps:
+            task.cancel()

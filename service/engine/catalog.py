@@ -13,7 +13,17 @@ from collections.abc import Sequence
 from pe_runtime import RopeScaling
 from service.engine.errors import InvalidRequestError, ModelNotFoundError
 from service.engine.models import ModelSpec
-from service.engine.types import GenerationRequest, ModelInfo, PEInfo, SamplingParams, ScoreRequest
+from service.engine.types import (
+    MAX_PENALTY,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_LOGPROBS,
+    GenerationRequest,
+    ModelInfo,
+    PEInfo,
+    SamplingParams,
+    ScoreRequest,
+    TokenizerInfo,
+)
 from service.model.config import SCHEMES
 
 
@@ -55,8 +65,11 @@ class ModelCatalog:
     def resolve_pe(self, model: str, scaling: RopeScaling | None, total_length: int) -> PEInfo:
         return self.spec(model).resolve_pe(scaling, total_length)
 
-    def encode(self, model: str, text: str) -> list[int]:
-        return self.spec(model).encode(text)
+    def encode(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return self.spec(model).encode(text, add_special_tokens=add_special_tokens)
+
+    def tokenizer_info(self, model: str) -> TokenizerInfo:
+        return self.spec(model).tokenizer_info
 
     def decode(self, model: str, tokens: list[int]) -> str:
         return self.spec(model).tokenizer.decode(tokens)
@@ -69,21 +82,24 @@ class ModelCatalog:
         _check_tokens(spec, tokens, minimum=1 if generating else 2)
         if isinstance(request, GenerationRequest):
             _check_sampling(request.sampling)
+            _check_tokens(spec, request.sampling.stop_token_ids, minimum=0, field="stop_token_ids")
+        elif not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(
+                f"top_logprobs is out of range: {request.top_logprobs!r}", param="top_logprobs"
+            )
         new_tokens = request.sampling.max_new_tokens if isinstance(request, GenerationRequest) else 0
         return spec.resolve_pe(request.scaling, len(tokens) + new_tokens)
 
 
-def _check_tokens(spec: ModelSpec, tokens: Sequence[int], *, minimum: int) -> None:
+def _check_tokens(spec: ModelSpec, tokens: Sequence[int], *, minimum: int, field: str = "tokens") -> None:
     if len(tokens) < minimum:
-        raise InvalidRequestError(
-            f"at least {minimum} token(s) are needed, got {len(tokens)}", param="tokens"
-        )
+        raise InvalidRequestError(f"at least {minimum} token(s) are needed, got {len(tokens)}", param=field)
     vocab = spec.info.vocab_size
     for index, token in enumerate(tokens):
         if not 0 <= token < vocab:
             raise InvalidRequestError(
                 f"token {token} is outside the vocabulary of {spec.name!r} (0..{vocab - 1})",
-                param=f"tokens.{index}",
+                param=f"{field}.{index}",
             )
 
 
@@ -94,6 +110,13 @@ def _check_sampling(params: SamplingParams) -> None:
         "temperature": not params.temperature >= 0.0,
         "top_k": params.top_k < 0,
         "top_p": not 0.0 < params.top_p <= 1.0,
+        "min_p": not 0.0 <= params.min_p <= 1.0,
+        "repetition_penalty": not params.repetition_penalty > 0.0,
+        "presence_penalty": not -MAX_PENALTY <= params.presence_penalty <= MAX_PENALTY,
+        "frequency_penalty": not -MAX_PENALTY <= params.frequency_penalty <= MAX_PENALTY,
+        "min_tokens": not 0 <= params.min_tokens <= params.max_new_tokens,
+        "stop_token_ids": len(params.stop_token_ids) > MAX_STOP_TOKEN_IDS,
+        "top_logprobs": not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS,
     }
     for field, bad in problems.items():
         if bad:

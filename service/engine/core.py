@@ -93,7 +93,10 @@ class EngineCore:
         if isinstance(job.request, ScoreRequest):
             served = self._models[job.request.model]
             scorer = ChunkedScorer(
-                served.model, job.request.tokens, served.effective_scaling(job.request.scaling)
+                served.model,
+                job.request.tokens,
+                served.effective_scaling(job.request.scaling),
+                top_logprobs=job.request.top_logprobs,
             )
             self._scoring.append(_ScoreJob(job, job.request, scorer, time.perf_counter()))
         else:
@@ -223,9 +226,9 @@ class EngineCore:
         if not live:
             return
         picks = sample_rows([outcome.rows[row].sampler for row in live], outcome.logits[live])
-        for row, (token, logprob) in zip(live, picks, strict=True):
+        for row, pick in zip(live, picks, strict=True):
             sequence = outcome.rows[row]
-            event = sequence.accept(token, logprob)
+            event = sequence.accept(pick)
             if sequence.request.stream or len(sequence.tokens) == 1:
                 self._emit(sequence.key, event)
         self._generated_total += len(live)
@@ -254,6 +257,7 @@ class EngineCore:
 
 def _score_result(score: _ScoreJob) -> ScoreResult:
     logprobs = score.scorer.result()
+    alternatives = score.scorer.alternatives()
     return ScoreResult(
         tokens=score.request.tokens,
         token_logprobs=tuple(logprobs),
@@ -264,6 +268,7 @@ def _score_result(score: _ScoreJob) -> ScoreResult:
             prefill_ms=(time.perf_counter() - score.started_at) * 1000.0,
             decode_ms=0.0,
         ),
+        top_logprobs=tuple(alternatives) if alternatives is not None else None,
     )
 
 

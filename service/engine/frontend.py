@@ -19,7 +19,14 @@ from service.engine.catalog import ModelCatalog
 from service.engine.core import Job, StepOutput
 from service.engine.errors import EngineDrainingError, EngineError, QueueFullError
 from service.engine.handle import EngineHandle, deliver, is_final
-from service.engine.types import EngineStats, GenerationRequest, ModelInfo, PEInfo, ScoreRequest
+from service.engine.types import (
+    EngineStats,
+    GenerationRequest,
+    ModelInfo,
+    PEInfo,
+    ScoreRequest,
+    TokenizerInfo,
+)
 
 
 class EngineFrontend(ABC):
@@ -45,8 +52,11 @@ class EngineFrontend(ABC):
     def resolve_pe(self, model: str, scaling: RopeScaling | None, total_length: int) -> PEInfo:
         return self.catalog.resolve_pe(model, scaling, total_length)
 
-    def encode(self, model: str, text: str) -> list[int]:
-        return self.catalog.encode(model, text)
+    def encode(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return self.catalog.encode(model, text, add_special_tokens=add_special_tokens)
+
+    def tokenizer_info(self, model: str) -> TokenizerInfo:
+        return self.catalog.tokenizer_info(model)
 
     def decode(self, model: str, tokens: list[int]) -> str:
         return self.catalog.decode(model, tokens)

@@ -9,20 +9,20 @@ single place that decides whether a scaling and a length can run on a model.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from pe_runtime import PECache, PEConfigError, RopeScaling, rope_inv_freq, rope_seq_len_key
 from service.engine.errors import ContextLengthError, InvalidRequestError
-from service.engine.types import ModelInfo, PEInfo
+from service.engine.types import ModelInfo, PEInfo, TokenizerInfo
 from service.model.checkpoint import is_checkpoint, load_checkpoint, read_config
 from service.model.config import ModelConfig
 from service.model.hf import is_hf_checkpoint, load_hf_checkpoint
 from service.model.positional import SUPPORTED_SCALINGS, default_scaling
 from service.model.transformer import Transformer
-from service.tokenizers import ByteTokenizer, HFTokenizer, TextTokenizer
+from service.tokenizers import ByteTokenizer, HFTokenizer, TextTokenizer, hf_tokenizer_info
 
 SCALING_PARAM = "pe_scaling"
 
@@ -33,6 +33,7 @@ class ModelSpec:
     config: ModelConfig
     tokenizer: TextTokenizer
     info: ModelInfo
+    tokenizer_info: TokenizerInfo = field(default_factory=TokenizerInfo)
 
     @property
     def default_scaling(self) -> RopeScaling:
@@ -68,8 +69,8 @@ class ModelSpec:
             max_context=self.info.max_context,
         )
 
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=True)
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def _check_learned_table(self, scaling: RopeScaling, total_length: int) -> None:
         """Learned positions exist only up to the table (stretched by a linear factor)."""
@@ -155,12 +156,14 @@ def load_served_model(
         name, _ = read_config(directory)
         model = load_checkpoint(directory, device=device, dtype=dtype, pe_cache=pe_cache)
         tokenizer = ByteTokenizer()
+        tokenizer_info = TokenizerInfo(bos_token_id=model.config.bos_id, eos_token_id=model.config.eos_id)
     elif is_hf_checkpoint(directory):
         if not (directory / "tokenizer.json").is_file():
             raise ValueError(f"{directory} is a Hugging Face checkpoint without tokenizer.json")
         name = directory.name
         model = load_hf_checkpoint(directory, device=device, dtype=dtype, pe_cache=pe_cache)
         tokenizer = HFTokenizer(directory / "tokenizer.json")
+        tokenizer_info = hf_tokenizer_info(directory, bos_id=model.config.bos_id, eos_id=model.config.eos_id)
     else:
         raise ValueError(f"{directory} holds neither a pe-serve nor a Hugging Face checkpoint")
     config = model.config
@@ -175,4 +178,5 @@ def load_served_model(
         dtype=str(dtype).removeprefix("torch."),
         vocab_size=config.vocab_size,
     )
-    return ServedModel(ModelSpec(name=name, config=config, tokenizer=tokenizer, info=info), model)
+    spec = ModelSpec(name=name, config=config, tokenizer=tokenizer, info=info, tokenizer_info=tokenizer_info)
+    return ServedModel(spec, model)

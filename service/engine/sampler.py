@@ -1,42 +1,189 @@
-"""Turning one row of logits into the next token, reproducibly per request.
+"""Turning rows of logits into next tokens, reproducibly per request and independently per row.
 
 Each request owns a `torch.Generator`, so the random numbers it draws depend only on its seed and
-how many tokens it has drawn, never on which other requests share its batch. Log-probabilities
-are taken from the raw distribution (before temperature, top-k and top-p), so they are comparable
-with what `/score` reports for the same tokens.
+how many tokens it has drawn, never on which other requests share its batch. Log-probabilities and
+top alternatives are taken from the raw distribution (before penalties, temperature, top-k, top-p
+and min-p), so they are comparable with what `/score` reports for the same tokens.
+
+A step's rows may each ask for different controls. Every control is a row-wise operation on the
+batch's logits: rows that use one are gathered into one tensor operation, rows that do not are
+left untouched, so a row's settings can never move another row's token or log-probabilities.
+The order is the usual one (transformers, vLLM): penalties, then the masks that keep EOS and stop
+tokens from ending a generation too early, then, for sampling rows, temperature, top-k, top-p and
+min-p before the draw.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from service.engine.types import SamplingParams
+from service.engine.types import SamplingParams, TopLogprob, TopLogprobs
+
+
+class Pick(NamedTuple):
+    """One row's outcome: the token, its raw log-probability, and the asked-for alternatives."""
+
+    token: int
+    logprob: float
+    top_logprobs: TopLogprobs | None
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams) -> None:
+    """One request's sampling state: its generator and the tokens its penalties look at."""
+
+    def __init__(
+        self, params: SamplingParams, *, prompt: Sequence[int] = (), eos_id: int | None = None
+    ) -> None:
         self.params = params
+        self.eos_id = eos_id
         self.generator = torch.Generator(device="cpu")
         self.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
+        self.generated = 0
+        self._prompt = tuple(prompt)
+        self._seen: Tensor | None = None  # bool [V]: prompt and output tokens (repetition penalty)
+        self._counts: Tensor | None = None  # float [V]: output token counts (OpenAI penalties)
 
     @property
     def greedy(self) -> bool:
         return self.params.temperature == 0.0
 
+    @property
+    def penalizes_repetition(self) -> bool:
+        return self.params.repetition_penalty != 1.0
+
+    @property
+    def penalizes_output(self) -> bool:
+        return self.params.presence_penalty != 0.0 or self.params.frequency_penalty != 0.0
+
+    def blocked_tokens(self) -> tuple[int, ...]:
+        """Tokens that may not be drawn now: those that would end the generation before min_tokens."""
+        if self.generated >= self.params.min_tokens:
+            return ()
+        enders = self.params.stop_token_ids
+        if self.eos_id is not None and not self.params.ignore_eos:
+            enders = (*enders, self.eos_id)
+        return enders
+
+    def seen(self, vocab: int) -> Tensor:
+        if self._seen is None:
+            self._seen = torch.zeros(vocab, dtype=torch.bool)
+            self._seen[[token for token in self._prompt if token < vocab]] = True
+        return self._seen
+
+    def counts(self, vocab: int) -> Tensor:
+        if self._counts is None:
+            self._counts = torch.zeros(vocab)
+        return self._counts
+
+    def record(self, token: int) -> None:
+        """Note a generated token for the penalties and min_tokens."""
+        self.generated += 1
+        if self._seen is not None:
+            self._seen[token] = True
+        if self._counts is not None:
+            self._counts[token] += 1.0
+
     def sample(self, logits: Tensor) -> tuple[int, float]:
         """logits: float32 [vocab] on CPU -> (token, its raw log-probability)."""
-        return sample_rows([self], logits[None])[0]
+        token, logprob, _ = sample_rows([self], logits[None])[0]
+        return token, logprob
 
     def draw(self, logits: Tensor) -> int:
-        """A random token from float32 logits [vocab] after temperature, top-k and top-p."""
-        filtered = _top_p(
-            _top_k(_tempered(logits, self.params.temperature), self.params.top_k), self.params.top_p
+        """A random token from float32 logits [vocab] after temperature, top-k, top-p and min-p."""
+        params = self.params
+        filtered = _min_p(
+            _top_p(_top_k(_tempered(logits, params.temperature), params.top_k), params.top_p), params.min_p
         )
         return int(torch.multinomial(torch.softmax(filtered, dim=-1), 1, generator=self.generator))
+
+
+def sample_rows(samplers: Sequence[Sampler], logits: Tensor) -> list[Pick]:
+    """One pick per row of float32 logits [B, vocab] on CPU; each sampler records its token.
+
+    Softmax, argmax and top-k alternatives run once for the whole batch; only rows that sample pay
+    a per-row draw, and only rows that use a penalty or a mask pay for it.
+    """
+    raw_logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
+    adjusted = adjusted_logits(samplers, logits)
+    best = torch.argmax(adjusted, dim=-1).tolist()
+    tokens = [
+        best[row] if sampler.greedy else sampler.draw(adjusted[row]) for row, sampler in enumerate(samplers)
+    ]
+    chosen = raw_logprobs.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()  # [B]
+    alternatives = _top_logprobs(raw_logprobs, [sampler.params.top_logprobs for sampler in samplers])
+    for sampler, token in zip(samplers, tokens, strict=True):
+        sampler.record(token)
+    return [Pick(*pick) for pick in zip(tokens, chosen, alternatives, strict=True)]
+
+
+def top_alternatives(logprobs: Tensor, count: int) -> list[TopLogprobs]:
+    """The `count` most likely tokens of every row of log-probabilities [N, V], most likely first."""
+    if count <= 0:
+        return [() for _ in range(logprobs.shape[0])]
+    values, indices = torch.topk(logprobs, min(count, logprobs.shape[-1]), dim=-1)
+    return [
+        tuple(TopLogprob(token=token, logprob=value) for token, value in zip(ids, row, strict=True))
+        for ids, row in zip(indices.tolist(), values.tolist(), strict=True)
+    ]
+
+
+def _top_logprobs(raw_logprobs: Tensor, counts: list[int]) -> list[TopLogprobs | None]:
+    """Each row's alternatives (None where none were asked for), from one top-k over the batch."""
+    widest = max(counts)
+    if widest == 0:
+        return [None] * len(counts)
+    rows = top_alternatives(raw_logprobs, widest)
+    return [row[:count] if count else None for row, count in zip(rows, counts, strict=True)]
+
+
+def adjusted_logits(samplers: Sequence[Sampler], logits: Tensor) -> Tensor:
+    """The logits tokens are chosen from: `logits` itself when no row adjusts anything."""
+    steps: list[tuple[Callable[[Sampler], bool], Callable[[Tensor, Sequence[Sampler]], Tensor]]] = [
+        (lambda sampler: sampler.penalizes_repetition, _repetition_penalty),
+        (lambda sampler: sampler.penalizes_output, _output_penalties),
+        (lambda sampler: bool(sampler.blocked_tokens()), _blocked),
+    ]
+    adjusted = logits
+    for applies, apply in steps:
+        rows = [row for row, sampler in enumerate(samplers) if applies(sampler)]
+        if not rows:
+            continue
+        if adjusted is logits:
+            adjusted = logits.clone()
+        chosen = [samplers[row] for row in rows]
+        adjusted[rows] = apply(adjusted[rows], chosen)
+    return adjusted
+
+
+def _repetition_penalty(logits: Tensor, samplers: Sequence[Sampler]) -> Tensor:
+    """transformers' rule: a seen token's logit is divided by the penalty if positive, else multiplied."""
+    vocab = logits.shape[-1]
+    seen = torch.stack([sampler.seen(vocab) for sampler in samplers])
+    penalty = torch.tensor([sampler.params.repetition_penalty for sampler in samplers])[:, None]
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)
+
+
+def _output_penalties(logits: Tensor, samplers: Sequence[Sampler]) -> Tensor:
+    """OpenAI's rule: logit - count * frequency_penalty - (count > 0) * presence_penalty."""
+    vocab = logits.shape[-1]
+    counts = torch.stack([sampler.counts(vocab) for sampler in samplers])
+    frequency = torch.tensor([sampler.params.frequency_penalty for sampler in samplers])[:, None]
+    presence = torch.tensor([sampler.params.presence_penalty for sampler in samplers])[:, None]
+    return logits - counts * frequency - (counts > 0).float() * presence
+
+
+def _blocked(logits: Tensor, samplers: Sequence[Sampler]) -> Tensor:
+    vocab = logits.shape[-1]
+    mask = torch.zeros_like(logits, dtype=torch.bool)
+    for row, sampler in enumerate(samplers):
+        mask[row, [token for token in sampler.blocked_tokens() if token < vocab]] = True
+    return logits.masked_fill(mask, float("-inf"))
 
 
 def _tempered(logits: Tensor, temperature: float) -> Tensor:
@@ -48,20 +195,6 @@ def _tempered(logits: Tensor, temperature: float) -> Tensor:
     """
     shifted = logits - logits.max()
     return shifted / max(temperature, torch.finfo(logits.dtype).tiny)
-
-
-def sample_rows(samplers: Sequence[Sampler], logits: Tensor) -> list[tuple[int, float]]:
-    """One (token, raw log-probability) per row of float32 logits [B, vocab] on CPU.
-
-    Softmax and argmax run once for the whole batch; only rows that sample pay a per-row draw.
-    """
-    raw_logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
-    best = torch.argmax(logits, dim=-1).tolist()
-    tokens = [
-        best[row] if sampler.greedy else sampler.draw(logits[row]) for row, sampler in enumerate(samplers)
-    ]
-    chosen = raw_logprobs.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()  # [B]
-    return list(zip(tokens, chosen, strict=True))
 
 
 def _top_k(logits: Tensor, k: int) -> Tensor:
@@ -83,3 +216,14 @@ def _top_p(logits: Tensor, p: float) -> Tensor:
     dropped_sorted[0] = False  # p may round to 0 in float32
     dropped = torch.zeros_like(dropped_sorted).scatter(0, order, dropped_sorted)
     return logits.masked_fill(dropped, float("-inf"))
+
+
+def _min_p(logits: Tensor, min_p: float) -> Tensor:
+    """Keep tokens at least `min_p` times as likely as the most likely one; 0 disables.
+
+    In log space: logit >= max_logit + log(min_p), which keeps the most likely token always.
+    """
+    if min_p <= 0.0:
+        return logits
+    threshold = logits.max() + torch.log(torch.tensor(min_p))
+    return logits.masked_fill(logits < threshold, float("-inf"))

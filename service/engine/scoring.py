@@ -17,6 +17,8 @@ from torch import Tensor
 from pe_runtime import RopeScaling
 from service.engine.budget import chunk_cost, chunk_width
 from service.engine.errors import RequestFailedError
+from service.engine.sampler import top_alternatives
+from service.engine.types import TopLogprobs
 from service.model.kv_cache import KVCache
 from service.model.transformer import Transformer
 
@@ -28,11 +30,20 @@ _PROJECTION_CHUNK = 512
 class ChunkedScorer:
     """One scoring job in progress; its cache is allocated when it first runs."""
 
-    def __init__(self, model: Transformer, tokens: Sequence[int], scaling: RopeScaling | None = None) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        tokens: Sequence[int],
+        scaling: RopeScaling | None = None,
+        *,
+        top_logprobs: int = 0,
+    ) -> None:
         self.model = model
         self.scaling = scaling
+        self.top_logprobs = top_logprobs
         self._tokens = list(tokens)
         self._logprobs: list[float | None] = [None]
+        self._alternatives: list[TopLogprobs | None] = [None]
         self._cache: KVCache | None = None
 
     @property
@@ -56,19 +67,22 @@ class ChunkedScorer:
             hidden = model.final_hidden(
                 ids[None, :width], scaling=self.scaling, cache=self._cache, table_lengths=[len(self._tokens)]
             )[0]  # [width, D]
-            chunks = [
-                _chunk_logprobs(
-                    model, hidden[at : at + _PROJECTION_CHUNK], ids[at + 1 : at + 1 + _PROJECTION_CHUNK]
-                )
-                for at in range(0, width, _PROJECTION_CHUNK)
-            ]
-            self._logprobs += torch.cat(chunks).cpu().tolist()
+            for at in range(0, width, _PROJECTION_CHUNK):
+                logprobs = _chunk_logprobs(model, hidden[at : at + _PROJECTION_CHUNK])
+                targets = ids[at + 1 : at + 1 + _PROJECTION_CHUNK]
+                self._logprobs += logprobs.gather(1, targets[:, None])[:, 0].cpu().tolist()
+                if self.top_logprobs:
+                    self._alternatives += top_alternatives(logprobs.cpu(), self.top_logprobs)
         if not self.remaining:
             self._cache = None  # done: the memory goes back at once, not when the job is dropped
         return chunk_cost(1, width, start)
 
     def result(self) -> list[float | None]:
         return list(self._logprobs)
+
+    def alternatives(self) -> list[TopLogprobs | None] | None:
+        """The most likely tokens at every position (first None), if they were asked for."""
+        return list(self._alternatives) if self.top_logprobs else None
 
 
 def score_tokens(
@@ -81,9 +95,9 @@ def score_tokens(
     return scorer.result()
 
 
-def _chunk_logprobs(model: Transformer, hidden: Tensor, targets: Tensor) -> Tensor:
-    """log p(target) for hidden states [N, D] and targets [N]; raises on non-finite logits."""
+def _chunk_logprobs(model: Transformer, hidden: Tensor) -> Tensor:
+    """Log-probabilities [N, V] for hidden states [N, D]; raises on non-finite logits."""
     logits = model.lm_head(hidden).float()  # [N, V]
     if not bool(torch.isfinite(logits).all()):
         raise RequestFailedError("the model produced non-finite logits for this input")
-    return torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0]
+    return torch.log_softmax(logits, dim=-1)

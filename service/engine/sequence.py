@@ -8,9 +8,17 @@ from dataclasses import dataclass, field
 
 from pe_runtime import RopeScaling
 from service.engine.models import ServedModel
-from service.engine.sampler import Sampler
+from service.engine.sampler import Pick, Sampler
 from service.engine.text_stream import TextStream
-from service.engine.types import FinishReason, GenerationRequest, GenerationResult, PEInfo, Timing, TokenEvent
+from service.engine.types import (
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    PEInfo,
+    Timing,
+    TokenEvent,
+    TopLogprobs,
+)
 
 
 @dataclass(eq=False)  # identity: a running request is itself, whatever its state
@@ -25,6 +33,7 @@ class RunningSequence:
     stream: TextStream = field(init=False)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)
     started_at: float = 0.0
     first_token_at: float = 0.0
     finish_reason: FinishReason | None = None
@@ -33,7 +42,9 @@ class RunningSequence:
 
     def __post_init__(self) -> None:
         self.scaling = self.served.effective_scaling(self.request.scaling)
-        self.sampler = Sampler(self.request.sampling)
+        self.sampler = Sampler(
+            self.request.sampling, prompt=self.request.prompt_tokens, eos_id=self.served.spec.config.eos_id
+        )
         self.stream = TextStream(self.served.tokenizer.decode, self.request.sampling.stop)
 
     @property
@@ -47,18 +58,27 @@ class RunningSequence:
     def last_token(self) -> int:
         return self.tokens[-1]
 
-    def accept(self, token: int, logprob: float) -> TokenEvent:
+    def accept(self, pick: Pick) -> TokenEvent:
         """Take the sampled token, note whether the request is done, and return its event."""
+        token = pick.token
         if not self.tokens:
             self.first_token_at = time.perf_counter()
         self.tokens.append(token)
-        self.logprobs.append(logprob)
+        self.logprobs.append(pick.logprob)
+        if pick.top_logprobs is not None:
+            self.top_logprobs.append(pick.top_logprobs)
         reason = self._finish_reason(token)
-        text = self.stream.push(token, final=reason is not None)
+        may_stop = len(self.tokens) >= self.request.sampling.min_tokens
+        text = self.stream.push(token, final=reason is not None, may_stop=may_stop)
         if self.stream.stopped:
             reason = "stop"
         self.finish_reason = reason
-        return TokenEvent(token=token, text=text, logprob=logprob if self._wants_logprobs else None)
+        return TokenEvent(
+            token=token,
+            text=text,
+            logprob=pick.logprob if self._wants_logprobs else None,
+            top_logprobs=pick.top_logprobs,
+        )
 
     def result(self) -> GenerationResult:
         now = time.perf_counter()
@@ -67,6 +87,7 @@ class RunningSequence:
             tokens=tuple(self.tokens),
             text=self.stream.text,
             logprobs=tuple(self.logprobs) if self._wants_logprobs else None,
+            top_logprobs=tuple(self.top_logprobs) if self.request.sampling.top_logprobs else None,
             finish_reason=self.finish_reason or "cancelled",
             prompt_tokens=len(self.request.prompt_tokens),
             pe=self.pe,
@@ -82,9 +103,14 @@ class RunningSequence:
         return self.request.sampling.logprobs
 
     def _finish_reason(self, token: int) -> FinishReason | None:
-        if token == self.served.spec.config.eos_id:
-            return "eos"
-        if len(self.tokens) >= self.request.sampling.max_new_tokens:
+        """EOS and stop tokens end it once min_tokens are out (the sampler blocks them before)."""
+        sampling = self.request.sampling
+        if len(self.tokens) >= sampling.min_tokens:
+            if token == self.served.spec.config.eos_id and not sampling.ignore_eos:
+                return "eos"
+            if token in sampling.stop_token_ids:
+                return "stop"
+        if len(self.tokens) >= sampling.max_new_tokens:
             return "length"
         return None
 

@@ -51,15 +51,20 @@ class TextStream:
         self._decoder = IncrementalDecoder(decode)
         self._stop = tuple(s for s in stop if s)
         self._released = 0
+        self._floor = 0  # stops must end past this: text up to it came while stops were suppressed
         self.text = ""
         self.stopped = False
 
-    def push(self, token: int, *, final: bool = False) -> str:
+    def push(self, token: int, *, final: bool = False, may_stop: bool = True) -> str:
         """Add a token; return the text that is now safe to release (everything if `final`).
 
-        Sets `stopped` and truncates `text` before the stop string when one appears.
+        Sets `stopped` and truncates `text` before the stop string when one appears, unless
+        `may_stop` is False (a request's min_tokens not reached yet): text that could start a
+        stop string is still held back then, so a stop string completed later is still caught.
         """
         text = self._decoder.append(token)
+        if not may_stop:
+            self._floor = len(text)
         stop_at = self._first_stop(text)
         if stop_at is not None:
             self.stopped = True
@@ -73,9 +78,10 @@ class TextStream:
         return released
 
     def _first_stop(self, text: str) -> int | None:
-        # A stop string may only start in text not yet released (released text contains none).
-        search_from = max(0, self._released - max((len(s) for s in self._stop), default=0))
-        hits = [index for s in self._stop if (index := text.find(s, search_from)) >= 0]
+        # A stop string must end in text not yet released, and past what came while stops were
+        # suppressed (min_tokens): one completed then was let through and is not a stop any more.
+        end_after = max(self._released, self._floor)
+        hits = [index for s in self._stop if (index := text.find(s, max(0, end_after - len(s) + 1))) >= 0]
         return min(hits) if hits else None
 
     def _safe_length(self, text: str) -> int:

@@ -17,9 +17,24 @@ Scheme = Literal["learned", "sinusoidal", "rope", "alibi", "t5_bias", "nope"]
 FinishReason = Literal["length", "stop", "eos", "cancelled", "error"]
 
 
+# Bounds of the sampling controls, shared by the engine's own checks and the API's schemas.
+MAX_TOP_LOGPROBS = 20
+MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty lie in [-MAX_PENALTY, MAX_PENALTY]
+MAX_STOP_TOKEN_IDS = 64
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request decoding knobs; `temperature == 0` means greedy."""
+    """Per-request decoding knobs; `temperature == 0` means greedy. Plain data: it is pickled to
+    the engine process.
+
+    The penalties change the logits a token is chosen from, never the reported log-probabilities
+    (those stay the raw distribution's): `repetition_penalty` (1 = off) follows transformers, over
+    prompt and output tokens; `presence_penalty` and `frequency_penalty` follow OpenAI, over output
+    tokens. `min_p` keeps tokens at least that fraction as likely as the most likely one. Before
+    `min_tokens` tokens, EOS, `stop_token_ids` and stop strings cannot end the generation;
+    `ignore_eos` makes EOS an ordinary token. `top_logprobs` is how many alternatives to report.
+    """
 
     max_new_tokens: int = 64
     temperature: float = 1.0
@@ -28,6 +43,14 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     logprobs: bool = False
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    top_logprobs: int = 0
 
 
 @dataclass(frozen=True)
@@ -49,12 +72,16 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class ScoreRequest:
-    """A scoring job: log-probability of every token given its prefix (one prefill, no decode)."""
+    """A scoring job: log-probability of every token given its prefix (one prefill, no decode).
+
+    `top_logprobs` > 0 also reports that many most likely tokens at every position.
+    """
 
     request_id: str
     model: str
     tokens: tuple[int, ...]
     scaling: RopeScaling | None = None
+    top_logprobs: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,6 +100,19 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class TokenizerInfo:
+    """A model's tokenizer as clients see it: special tokens by text (None where the tokenizer has
+    no text for them, as our byte-level one) and id, and the chat template if the model has one."""
+
+    bos_token: str | None = None
+    eos_token: str | None = None
+    pad_token: str | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    chat_template: str | None = None
+
+
+@dataclass(frozen=True)
 class PEInfo:
     """The positional encoding a request actually ran with (scaling resolved with defaults)."""
 
@@ -84,12 +124,26 @@ class PEInfo:
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    """One of the most likely tokens at a position, under the raw distribution. Its text is the
+    caller's to decode (the API side holds the tokenizer too), which keeps step messages small."""
+
+    token: int
+    logprob: float
+
+
+# The alternatives at one position, most likely first.
+TopLogprobs = tuple[TopLogprob, ...]
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     """One generated token. `text` is the decoded increment (may be empty mid UTF-8 sequence)."""
 
     token: int
     text: str
     logprob: float | None = None
+    top_logprobs: TopLogprobs | None = None
 
 
 @dataclass(frozen=True)
@@ -110,17 +164,20 @@ class GenerationResult:
     prompt_tokens: int
     pe: PEInfo
     timing: Timing
+    top_logprobs: tuple[TopLogprobs, ...] | None = None
 
 
 @dataclass(frozen=True)
 class ScoreResult:
-    """`token_logprobs[0]` is None: the first token has no prefix to be predicted from."""
+    """`token_logprobs[0]` is None: the first token has no prefix to be predicted from; so is
+    `top_logprobs[0]` when alternatives were asked for."""
 
     tokens: tuple[int, ...]
     token_logprobs: tuple[float | None, ...]
     total_logprob: float
     pe: PEInfo
     timing: Timing = field(default_factory=lambda: Timing(0.0, 0.0, 0.0))
+    top_logprobs: tuple[TopLogprobs | None, ...] | None = None
 
 
 EngineEvent = TokenEvent | GenerationResult | ScoreResult
@@ -168,7 +225,11 @@ class Engine(Protocol):
         """Validate a scaling for a model and length; raises InvalidRequestError/ContextLengthError."""
         ...
 
-    def encode(self, model: str, text: str) -> list[int]: ...
+    def encode(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Tokens of `text`; with `add_special_tokens` what starts a document (BOS) comes first."""
+        ...
+
+    def tokenizer_info(self, model: str) -> TokenizerInfo: ...
 
     def decode(self, model: str, tokens: list[int]) -> str: ...
 

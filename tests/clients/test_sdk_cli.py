@@ -30,6 +30,22 @@ def test_generate_streams_the_text_to_stdout(client: PEClient, capsys: pytest.Ca
     assert "[length: 8 tokens" in err
 
 
+def test_generate_passes_the_sampling_controls(client: PEClient, capsys: pytest.CaptureFixture[str]) -> None:
+    controls = ["--repetition-penalty", "3", "--min-tokens", "4", "--ignore-eos", "--stop-token-id", "10"]
+    assert main(["generate", "--max-new-tokens", "6", *controls, "ab"]) == 0
+    out, _ = capsys.readouterr()
+    expected = client.generate(
+        prompt="ab",
+        max_new_tokens=6,
+        temperature=0,
+        repetition_penalty=3.0,
+        min_tokens=4,
+        ignore_eos=True,
+        stop_token_ids=[10],
+    )
+    assert out == expected.text
+
+
 def test_compare_prints_one_column_per_scaling(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["compare", "--pe", "rope", "--factor", "4", "--max-new-tokens", "8", "--width", "120", PROMPT]
     assert main(args) == 0

@@ -105,6 +105,30 @@ def test_stream_yields_the_same_tokens_as_generate(client: PEClient) -> None:
     assert stream.final.pe.scaling == whole.pe.scaling
 
 
+def test_sampling_controls_and_top_logprobs_go_through_the_sdk(client: PEClient) -> None:
+    controls: GenerateParams = {
+        "prompt": "ab",
+        "max_new_tokens": 6,
+        "temperature": 0.0,
+        "repetition_penalty": 2.0,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.5,
+        "min_p": 0.05,
+        "min_tokens": 6,
+        "ignore_eos": True,
+        "stop_token_ids": [257],
+        "top_logprobs": 3,
+        "logprobs": True,
+    }
+    result = client.generate(**controls)
+    assert result.top_logprobs is not None and [len(entry) for entry in result.top_logprobs] == [3] * 6
+    streamed = [event for event in client.generate_stream(**controls) if isinstance(event, StreamToken)]
+    assert [event.top_logprobs for event in streamed] == result.top_logprobs
+    with pytest.raises(UnprocessableEntityError) as raised:
+        client.generate(prompt="ab", min_p=2.0)
+    assert raised.value.param == "min_p"
+
+
 def test_async_client_generates_and_streams(async_client: AsyncPEClient, client: PEClient) -> None:
     async def run() -> tuple[list[int], list[int]]:
         async with async_client:

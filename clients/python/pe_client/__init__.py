@@ -45,6 +45,7 @@ from pe_client.types import (
     StreamEvent,
     StreamToken,
     Timing,
+    TopLogprob,
     Usage,
 )
 
@@ -87,6 +88,7 @@ __all__ = [
     "StreamEvent",
     "StreamToken",
     "Timing",
+    "TopLogprob",
     "UnprocessableEntityError",
     "Usage",
     "YarnScaling",

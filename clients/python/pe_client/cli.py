@@ -87,6 +87,13 @@ def _add_generation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--min-p", type=float, default=None)
+    parser.add_argument("--repetition-penalty", type=float, default=None, help="1 is off")
+    parser.add_argument("--presence-penalty", type=float, default=None)
+    parser.add_argument("--frequency-penalty", type=float, default=None)
+    parser.add_argument("--min-tokens", type=int, default=None)
+    parser.add_argument("--ignore-eos", action="store_true", default=None)
+    parser.add_argument("--stop-token-id", type=int, action="append", default=None, dest="stop_token_ids")
 
 
 def _scaling(scaling_type: str, args: argparse.Namespace) -> PEScaling:
@@ -109,6 +116,13 @@ def _generate_request(args: argparse.Namespace, scaling: PEScaling | None) -> Ge
         top_k=args.top_k,
         top_p=args.top_p,
         seed=args.seed,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        min_tokens=args.min_tokens,
+        ignore_eos=args.ignore_eos,
+        stop_token_ids=args.stop_token_ids,
     )
 
 

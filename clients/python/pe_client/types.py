@@ -36,16 +36,29 @@ class ScoreRequest(_Request):
 
 
 class GenerateRequest(ScoreRequest):
-    """A generation; fields left unset take the server's defaults."""
+    """A generation; fields left unset take the server's defaults (each control off).
+
+    `repetition_penalty` follows transformers (1 is off), `presence_penalty` and
+    `frequency_penalty` OpenAI (-2..2); before `min_tokens` tokens, EOS, `stop_token_ids` and stop
+    strings end nothing; `top_logprobs` (0..20) asks for that many alternatives per token.
+    """
 
     max_new_tokens: int | None = None
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None
     seed: int | None = None
     stop: list[str] | None = None
     stream: bool | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
 
 
 class ScoreParams(TypedDict, total=False):
@@ -65,9 +78,17 @@ class GenerateParams(ScoreParams, total=False):
     temperature: float
     top_k: int
     top_p: float
+    min_p: float
     seed: int
     stop: list[str]
     logprobs: bool
+    top_logprobs: int
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    ignore_eos: bool
+    min_tokens: int
+    stop_token_ids: list[int]
 
 
 class Usage(_Response):
@@ -95,12 +116,21 @@ class Timing(_Response):
     decode_ms: float
 
 
+class TopLogprob(_Response):
+    """One of the most likely tokens at a position, under the model's raw distribution."""
+
+    token: int
+    text: str
+    logprob: float
+
+
 class GenerateResponse(_Response):
     id: str
     model: str
     text: str
     tokens: list[int]
     logprobs: list[float] | None
+    top_logprobs: list[list[TopLogprob]] | None = None
     finish_reason: FinishReason
     usage: Usage
     pe: PEInfo
@@ -139,6 +169,7 @@ class StreamToken(_Response):
     token: int
     text: str
     logprob: float | None = None
+    top_logprobs: list[TopLogprob] | None = None
 
 
 class StreamEnd(_Response):

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 
-from service.api.convert import generate_response, json_response
+from service.api.convert import generate_response, json_response, token_text
 from service.api.deps import EngineDep, MetricsDep, RequestIdDep, StartedAtDep, require_json
 from service.api.handles import ClientDisconnectedError, FirstTokenTimer, final_result
 from service.api.inputs import prepare_input
@@ -15,7 +15,7 @@ from service.api.openapi import INFERENCE_ERRORS, STREAM_EVENT_SCHEMA, scaling_e
 from service.api.schemas.requests import GenerateRequest
 from service.api.schemas.responses import GenerateResponse
 from service.api.streaming import EventStreamResponse, generation_events
-from service.engine.types import GenerationRequest, GenerationResult, SamplingParams
+from service.engine.types import GenerationRequest, GenerationResult
 
 router = APIRouter(tags=["inference"], dependencies=[Depends(require_json)])
 
@@ -37,18 +37,6 @@ _STREAM_DESCRIPTION = (
     '`data: {"finish_reason", "usage", ...}`, then `data: [DONE]`; a late failure is a '
     '`data: {"error": {...}}` event.'
 )
-
-
-def sampling_params(body: GenerateRequest) -> SamplingParams:
-    return SamplingParams(
-        max_new_tokens=body.max_new_tokens,
-        temperature=body.temperature,
-        top_k=body.top_k,
-        top_p=body.top_p,
-        seed=body.seed,
-        stop=tuple(body.stop),
-        logprobs=body.logprobs,
-    )
 
 
 @router.post(
@@ -77,19 +65,25 @@ async def generate(
         request_id=response_id,
         model=prepared.model.name,
         prompt_tokens=prepared.tokens,
-        sampling=sampling_params(body),
+        sampling=body.engine_sampling(),
         scaling=prepared.scaling,
         stream=body.stream,
     )
     handle = engine.submit(job)
     first_token = FirstTokenTimer(metrics, started_at)
+    text = token_text(engine, job.model)
     if body.stream:
         events = generation_events(
-            handle, response_id=response_id, model=job.model, request_id=request_id, on_event=first_token
+            handle,
+            response_id=response_id,
+            model=job.model,
+            request_id=request_id,
+            on_event=first_token,
+            text=text,
         )
         return EventStreamResponse(events, on_abort=handle.cancel)
     try:
         result = await final_result(handle, GenerationResult, request.receive, first_token)
     except ClientDisconnectedError:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return json_response(generate_response(response_id, job.model, result))
+    return json_response(generate_response(response_id, job.model, result, text))

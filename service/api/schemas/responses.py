@@ -40,12 +40,23 @@ class TimingBlock(BaseModel):
     decode_ms: float
 
 
+class TopLogprobEntry(BaseModel):
+    """One of the most likely tokens at a position, under the raw distribution."""
+
+    token: int
+    text: str
+    logprob: float
+
+
 class GenerateResponse(BaseModel):
     id: str
     model: str
     text: str
     tokens: list[int]
     logprobs: list[float] | None
+    top_logprobs: list[list[TopLogprobEntry]] | None = Field(
+        None, description="Per generated token, its `top_logprobs` most likely alternatives."
+    )
     finish_reason: FinishReason
     usage: Usage
     pe: PEBlock
@@ -58,6 +69,7 @@ class StreamToken(BaseModel):
     token: int
     text: str
     logprob: float | None = None
+    top_logprobs: list[TopLogprobEntry] | None = None
 
 
 class StreamEnd(BaseModel):

@@ -178,6 +178,18 @@ CASES = [
     BadRequest("no content type", 415, None, headers={}),
     BadRequest("huge body", 413, None, raw=HUGE_PROMPT),
     BadRequest("huge chunked body", 413, None, raw=HUGE_PROMPT, chunked=True),
+    # The sampling controls, each out of range.
+    BadRequest("min_p above 1", 422, "min_p", {"min_p": 1.5}),
+    BadRequest("negative min_p", 422, "min_p", {"min_p": -0.1}),
+    BadRequest("repetition_penalty 0", 422, "repetition_penalty", {"repetition_penalty": 0}),
+    BadRequest("presence_penalty above 2", 422, "presence_penalty", {"presence_penalty": 2.5}),
+    BadRequest("frequency_penalty below -2", 422, "frequency_penalty", {"frequency_penalty": -3}),
+    BadRequest("ignore_eos not a bool", 422, "ignore_eos", {"ignore_eos": "yes"}),
+    BadRequest("negative min_tokens", 422, "min_tokens", {"min_tokens": -1}),
+    BadRequest("min_tokens over max_new_tokens", 422, "min_tokens", {"min_tokens": 3}),
+    BadRequest("stop token id out of vocabulary", 422, "stop_token_ids.0", {"stop_token_ids": [300]}),
+    BadRequest("negative stop token id", 422, "stop_token_ids.0", {"stop_token_ids": [-1]}),
+    BadRequest("top_logprobs above 20", 422, "top_logprobs", {"top_logprobs": 21}),
     # Scoring and routing.
     BadRequest(
         "score one token", 422, "tokens", {"tokens": [5]}, drop=("prompt", "max_new_tokens"), path="/score"

@@ -49,6 +49,7 @@ def test_generate_returns_the_spec_response(client: httpx.Client) -> None:
         "text",
         "tokens",
         "logprobs",
+        "top_logprobs",
         "finish_reason",
         "usage",
         "pe",
@@ -210,3 +211,27 @@ def test_streamed_logprobs_match_the_json_answer(client: httpx.Client) -> None:
     with client.stream("POST", "/generate", json={**request, "stream": True}) as response:
         *token_events, _, _ = list(sse_data(response))
     assert [event["logprob"] for event in token_events] == pytest.approx(expected["logprobs"], abs=1e-5)
+
+
+def test_top_logprobs_are_sorted_alternatives_with_text_in_responses_and_streams(
+    client: httpx.Client,
+) -> None:
+    request = {
+        "prompt": "def fib(n):",
+        "max_new_tokens": 5,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 4,
+    }
+    body = client.post("/generate", json=request).json()
+    assert len(body["top_logprobs"]) == 5
+    for token, logprob, alternatives in zip(
+        body["tokens"], body["logprobs"], body["top_logprobs"], strict=True
+    ):
+        assert [set(entry) for entry in alternatives] == [{"token", "text", "logprob"}] * 4
+        values = [entry["logprob"] for entry in alternatives]
+        assert values == sorted(values, reverse=True)
+        assert alternatives[0]["token"] == token and values[0] == pytest.approx(logprob)  # greedy: the best
+    with client.stream("POST", "/generate", json={**request, "stream": True}) as response:
+        *events, _end, _done = list(sse_data(response))
+    assert [event["top_logprobs"] for event in events] == body["top_logprobs"]

@@ -10,6 +10,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+import openai
 import pytest
 
 from service.api.routes import playground
@@ -60,6 +61,9 @@ def queue_depth(client: httpx.Client) -> float:
         ("POST", "/score", {"prompt": "ab"}),
         ("POST", "/inspect", {"length": 4}),
         ("GET", "/models", None),
+        ("POST", "/tokenize", {"prompt": "ab"}),
+        ("POST", "/detokenize", {"tokens": [97]}),
+        ("GET", "/tokenizer_info", None),
     ],
 )
 @pytest.mark.parametrize("authorization", [None, "Bearer wrong-key", f"Basic {API_KEY}", "Bearer"])
@@ -139,3 +143,33 @@ def test_disconnect_while_waiting_for_json_frees_the_slot(
         raw.sendall(head + payload)
         wait_for(lambda: batch_size(authed) == 1, "the request to join the batch")
     wait_for(lambda: batch_size(authed) == 0, "the abandoned request to leave the batch")
+
+
+def openai_client(server: LiveServer, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url("/v1"), api_key=key, max_retries=0, timeout=60.0)
+
+
+def test_openai_routes_need_the_key(guarded_server: LiveServer) -> None:
+    with openai_client(guarded_server, "wrong-key") as client:
+        with pytest.raises(openai.AuthenticationError) as raised:
+            client.models.list()
+        assert raised.value.status_code == 401
+        with pytest.raises(openai.AuthenticationError):
+            client.completions.create(model="tiny-rope", prompt="a", max_tokens=2)
+    with openai_client(guarded_server, API_KEY) as client:
+        assert [model.id for model in client.models.list()] == ["tiny-rope"]
+        assert client.completions.create(model="tiny-rope", prompt="a", max_tokens=2).choices
+
+
+def test_closing_an_openai_stream_frees_the_slot(authed: httpx.Client, guarded_server: LiveServer) -> None:
+    wait_for(lambda: batch_size(authed) == 0, "an idle batch")
+    with openai_client(guarded_server, API_KEY) as client:
+        stream = client.completions.create(
+            model="tiny-rope", prompt="a", max_tokens=LONG_CONTEXT - 16, temperature=0, stream=True
+        )
+        chunks = iter(stream)
+        next(chunks), next(chunks)
+        assert batch_size(authed) == 1
+        stream.close()
+    wait_for(lambda: batch_size(authed) == 0, "the cancelled stream to leave the batch")
+    assert authed.post("/generate", json=SHORT).status_code == 200

@@ -1,0 +1,73 @@
+"""What the OpenAI routes share: submitting a request's jobs together, and OpenAI's vocabulary.
+
+One OpenAI request may become several engine jobs (`n` choices, several prompts, an echoed
+prompt's score). They are submitted at once and, should one submission be refused (queue full,
+draining), the ones already queued are cancelled, so a refused request leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pe_runtime import RopeScaling
+from service.api.convert import finish_reason
+from service.api.inputs import scaling_for
+from service.api.schemas.openai import OpenAIFinishReason, OpenAIRequest, OpenAIUsage
+from service.engine.types import (
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    ModelInfo,
+    RequestHandle,
+    ScoreRequest,
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """The model and scaling an OpenAI request runs with."""
+
+    model: ModelInfo
+    scaling: RopeScaling | None
+
+
+def resolve_target(engine: Engine, body: OpenAIRequest) -> Target:
+    model = engine.resolve_model(body.model, body.pe)
+    return Target(model=model, scaling=scaling_for(model, body.pe_scaling))
+
+
+def submit_all(engine: Engine, jobs: Sequence[GenerationRequest | ScoreRequest]) -> list[RequestHandle]:
+    """Queue every job, or none: a refused submission cancels the jobs queued before it."""
+    handles: list[RequestHandle] = []
+    try:
+        for job in jobs:
+            handles.append(engine.submit(job))
+    except BaseException:
+        for handle in handles:
+            handle.cancel()
+        raise
+    return handles
+
+
+def cancel_all(handles: Sequence[RequestHandle]) -> None:
+    for handle in handles:
+        handle.cancel()
+
+
+def openai_finish_reason(result: GenerationResult) -> OpenAIFinishReason:
+    """OpenAI knows "stop" and "length"; EOS is a stop (a cancelled generation is a 503 as on /generate)."""
+    return "length" if finish_reason(result) == "length" else "stop"
+
+
+def openai_usage(prompt_tokens: int, completion_tokens: int) -> OpenAIUsage:
+    return OpenAIUsage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
+
+
+def created_now() -> int:
+    return int(time.time())

@@ -1,0 +1,303 @@
+"""POST /v1/completions: OpenAI's legacy completions API over the engine, JSON or SSE.
+
+Each prompt becomes `n` generations (none when `max_tokens` is 0). With `echo` and `logprobs`, the
+prompt's log-probabilities come from the engine's scoring path, the one `/score` runs, so they
+equal `/score`'s exactly: this is how evaluation harnesses compute log-likelihoods. Choices are
+numbered prompt by prompt, `n` per prompt, as OpenAI numbers them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from service.api.convert import TokenText, json_response, pe_block, token_text
+from service.api.deps import EngineDep, MetricsDep, RequestIdDep, StartedAtDep, require_json
+from service.api.handles import ClientDisconnectedError, FirstTokenTimer, final_results
+from service.api.inputs import check_lengths, input_tokens
+from service.api.openai_runs import (
+    Target,
+    cancel_all,
+    created_now,
+    openai_finish_reason,
+    openai_usage,
+    resolve_target,
+    submit_all,
+)
+from service.api.openapi import openai_errors
+from service.api.routes.generate import CLIENT_CLOSED_REQUEST
+from service.api.schemas.openai import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    OpenAIFinishReason,
+)
+from service.api.streaming import DONE, EventStreamResponse, failure_event, merged_events, sse_event
+from service.engine.types import (
+    Engine,
+    EngineEvent,
+    GenerationRequest,
+    GenerationResult,
+    PEInfo,
+    RequestHandle,
+    ScoreRequest,
+    ScoreResult,
+    TokenEvent,
+    TopLogprobs,
+)
+
+router = APIRouter(tags=["openai"], dependencies=[Depends(require_json)])
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    tokens: tuple[int, ...]
+    text: str  # what echo returns: the prompt as given, or its tokens decoded
+
+
+@dataclass
+class _Plan:
+    """The engine jobs of one request: generations per choice, a score per echoed prompt."""
+
+    prompts: list[_Prompt]
+    generations: list[GenerationRequest]  # choice order; empty when max_tokens is 0
+    scores: dict[int, ScoreRequest]  # prompt index -> its score (echo with logprobs)
+    resolved_pe: PEInfo  # for a request that runs no generation
+
+
+@router.post("/v1/completions", response_model=CompletionResponse, responses=openai_errors())
+async def completions(
+    body: CompletionRequest,
+    request: Request,
+    engine: EngineDep,
+    metrics: MetricsDep,
+    request_id: RequestIdDep,
+    started_at: StartedAtDep,
+) -> Response:
+    """OpenAI's completions; extension fields (`pe`, `pe_scaling`, `min_p`, ...) at the top level."""
+    target = resolve_target(engine, body)
+    response_id = f"cmpl-{uuid.uuid4().hex}"
+    plan = _plan(engine, target, body, response_id)
+    score_order = sorted(plan.scores)
+    handles = submit_all(engine, [*plan.generations, *(plan.scores[index] for index in score_order)])
+    generations, scores = (
+        handles[: len(plan.generations)],
+        dict(zip(score_order, handles[len(plan.generations) :], strict=True)),
+    )
+    text = token_text(engine, target.model.name)
+    first_token = FirstTokenTimer(metrics, started_at)
+    if body.stream:
+        events = _stream(
+            body, plan, generations, scores, response_id, target.model.name, text, request_id, first_token
+        )
+        return EventStreamResponse(events, on_abort=lambda: cancel_all(handles))
+    try:
+        results = await final_results(handles, request.receive, first_token)
+    except ClientDisconnectedError:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    generated = [
+        result for result in results[: len(plan.generations)] if isinstance(result, GenerationResult)
+    ]
+    scored = {
+        index: result
+        for index, result in zip(score_order, results[len(plan.generations) :], strict=True)
+        if isinstance(result, ScoreResult)
+    }
+    return json_response(_response(body, plan, generated, scored, response_id, target.model.name, text))
+
+
+def _plan(engine: Engine, target: Target, body: CompletionRequest, response_id: str) -> _Plan:
+    model = target.model
+    prompts: list[_Prompt] = []
+    for index, given in enumerate(body.prompts()):
+        field = "prompt" if isinstance(given, str) else f"prompt.{index}"
+        tokens = input_tokens(engine, model, given, field=field)
+        check_lengths(
+            model, tokens, field="prompt", new_tokens=body.max_tokens, new_tokens_field="max_tokens"
+        )
+        text = given if isinstance(given, str) else engine.decode(model.name, list(tokens))
+        prompts.append(_Prompt(tokens=tokens, text=text))
+    wants_logprobs = body.logprobs is not None
+    generations = [
+        GenerationRequest(
+            request_id=f"{response_id}-{choice}",
+            model=model.name,
+            prompt_tokens=prompt.tokens,
+            sampling=body.sampling_params(
+                max_new_tokens=body.max_tokens,
+                stop=body.stop_strings(),
+                logprobs=wants_logprobs,
+                top_logprobs=body.logprobs or 0,
+                seed_offset=choice % body.n,
+            ),
+            scaling=target.scaling,
+            stream=body.stream,
+        )
+        for choice, prompt in _choices(prompts, body.n)
+        if body.max_tokens > 0
+    ]
+    scores = {
+        index: ScoreRequest(
+            request_id=f"{response_id}-prompt-{index}",
+            model=model.name,
+            tokens=prompt.tokens,
+            scaling=target.scaling,
+            top_logprobs=body.logprobs or 0,
+        )
+        for index, prompt in enumerate(prompts)
+        if body.echo and wants_logprobs and len(prompt.tokens) >= 2  # one token has nothing to score
+    }
+    resolved = engine.resolve_pe(model.name, target.scaling, len(prompts[0].tokens) + body.max_tokens)
+    return _Plan(prompts=prompts, generations=generations, scores=scores, resolved_pe=resolved)
+
+
+def _choices(prompts: Sequence[_Prompt], n: int) -> list[tuple[int, _Prompt]]:
+    return [(index * n + copy, prompt) for index, prompt in enumerate(prompts) for copy in range(n)]
+
+
+def _response(
+    body: CompletionRequest,
+    plan: _Plan,
+    generated: list[GenerationResult],
+    scored: dict[int, ScoreResult],
+    response_id: str,
+    model: str,
+    text: TokenText,
+) -> CompletionResponse:
+    choices = []
+    for choice, prompt in _choices(plan.prompts, body.n):
+        result = generated[choice] if generated else None
+        prompt_index = choice // body.n
+        logprobs = None
+        if body.logprobs is not None:
+            pieces = _prompt_pieces(prompt, scored.get(prompt_index)) if body.echo else []
+            if result is not None:
+                pieces += _generated_pieces(result)
+            logprobs = _legacy_logprobs(pieces, text)
+        choices.append(
+            CompletionChoice(
+                index=choice,
+                text=(prompt.text if body.echo else "") + (result.text if result is not None else ""),
+                logprobs=logprobs,
+                finish_reason=openai_finish_reason(result) if result is not None else "length",
+            )
+        )
+    completion_tokens = sum(len(result.tokens) for result in generated)
+    pe = generated[0].pe if generated else plan.resolved_pe
+    return CompletionResponse(
+        id=response_id,
+        created=created_now(),
+        model=model,
+        choices=choices,
+        usage=openai_usage(sum(len(prompt.tokens) for prompt in plan.prompts), completion_tokens),
+        pe=pe_block(pe),
+    )
+
+
+# A token with its raw log-probability (None for the first prompt token) and its alternatives.
+_Piece = tuple[int, float | None, TopLogprobs | None]
+
+
+def _prompt_pieces(prompt: _Prompt, score: ScoreResult | None) -> list[_Piece]:
+    if score is None:  # a one-token prompt: nothing predicts it
+        return [(token, None, None) for token in prompt.tokens]
+    alternatives = score.top_logprobs or [None] * len(score.tokens)
+    return list(zip(score.tokens, score.token_logprobs, alternatives, strict=True))
+
+
+def _generated_pieces(result: GenerationResult) -> list[_Piece]:
+    assert result.logprobs is not None
+    alternatives = result.top_logprobs or [None] * len(result.tokens)
+    return list(zip(result.tokens, result.logprobs, alternatives, strict=True))
+
+
+def _legacy_logprobs(pieces: Sequence[_Piece], text: TokenText, offset: int = 0) -> CompletionLogprobs:
+    """OpenAI's legacy logprobs: alternatives by text, always with the chosen token among them."""
+    strings = [text(token) for token, _, _ in pieces]
+    tops: list[dict[str, float] | None] = []
+    offsets = []
+    for (_, logprob, alternatives), string in zip(pieces, strings, strict=True):
+        offsets.append(offset)
+        offset += len(string)
+        if logprob is None:
+            tops.append(None)
+            continue
+        top = {text(entry.token): entry.logprob for entry in alternatives or ()}
+        top.setdefault(string, logprob)
+        tops.append(top)
+    return CompletionLogprobs(
+        tokens=strings,
+        token_logprobs=[logprob for _, logprob, _ in pieces],
+        top_logprobs=tops,
+        text_offset=offsets,
+    )
+
+
+async def _stream(
+    body: CompletionRequest,
+    plan: _Plan,
+    generations: list[RequestHandle],
+    scores: dict[int, RequestHandle],
+    response_id: str,
+    model: str,
+    text: TokenText,
+    request_id: str,
+    on_event: Callable[[EngineEvent], None],
+) -> AsyncIterator[bytes]:
+    """Echoed prompts first (once their scores are in), then tokens as they come, then the ends."""
+    created = created_now()
+
+    def chunk(
+        index: int,
+        piece: str,
+        logprobs: CompletionLogprobs | None,
+        finish: OpenAIFinishReason | None = None,
+        pe: PEInfo | None = None,
+    ) -> bytes:
+        choice = CompletionChoice(index=index, text=piece, logprobs=logprobs, finish_reason=finish)
+        block = pe_block(pe) if pe is not None else None
+        return sse_event(
+            CompletionResponse(id=response_id, created=created, model=model, choices=[choice], pe=block)
+        )
+
+    try:
+        scored: dict[int, ScoreResult] = {}
+        for index, handle in scores.items():
+            async for event in handle:
+                if isinstance(event, ScoreResult):
+                    scored[index] = event
+        offsets = [0] * (len(plan.prompts) * body.n)
+        for choice, prompt in _choices(plan.prompts, body.n):
+            if body.echo:
+                pieces = _prompt_pieces(prompt, scored.get(choice // body.n))
+                logprobs = _legacy_logprobs(pieces, text) if body.logprobs is not None else None
+                offsets[choice] = sum(len(text(token)) for token in prompt.tokens)
+                yield chunk(choice, prompt.text, logprobs)
+            if not generations:
+                yield chunk(choice, "", None, "length", plan.resolved_pe)
+        completion_tokens = 0
+        async for choice, event in merged_events(generations):
+            on_event(event)
+            if isinstance(event, TokenEvent):
+                logprobs = None
+                if body.logprobs is not None:
+                    logprobs = _legacy_logprobs(
+                        [(event.token, event.logprob, event.top_logprobs)], text, offsets[choice]
+                    )
+                    offsets[choice] += len(text(event.token))
+                yield chunk(choice, event.text, logprobs)
+            elif isinstance(event, GenerationResult):
+                completion_tokens += len(event.tokens)
+                yield chunk(choice, "", None, openai_finish_reason(event), event.pe)
+        if body.include_usage:
+            usage = openai_usage(sum(len(prompt.tokens) for prompt in plan.prompts), completion_tokens)
+            yield sse_event(
+                CompletionResponse(id=response_id, created=created, model=model, choices=[], usage=usage)
+            )
+        yield DONE
+    except Exception as error:
+        yield failure_event(error, request_id, openai=True)
