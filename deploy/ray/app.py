@@ -175,10 +175,9 @@ def build_app(args: Mapping[str, Any]) -> Application:
     options = ReplicaOptions(**{key: value for key, value in args.items() if key in replica_keys})
     overrides = {key: value for key, value in args.items() if key not in replica_keys}
     settings = replica_settings(overrides)
-    deployment = serve.deployment(PEServeReplica, name="pe-serve").options(
-        **options.deployment_options(settings)
-    )
-    return deployment.bind(overrides)
+    deployment = serve.deployment(name="pe-serve", **options.deployment_options(settings))(PEServeReplica)
+    application: Application = deployment.bind(overrides)
+    return application
 
 
 app = build_app({})

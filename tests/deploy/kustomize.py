@@ -43,7 +43,8 @@ def build(directory: Path) -> list[Manifest]:
     unknown = set(spec) - _KNOWN_FIELDS
     if unknown:
         raise ValueError(f"{directory}: kustomization fields this builder does not know: {sorted(unknown)}")
-    objects = [copy.deepcopy(item) for resource in spec.get("resources", []) for item in _load(directory / resource)]
+    resources = spec.get("resources", [])
+    objects = [copy.deepcopy(item) for resource in resources for item in _load(directory / resource)]
     for image in spec.get("images", []):
         for obj in objects:
             _set_image(obj, image)

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import kubernetes_validate
 import pytest
+import yaml
 
 from service.cli import CONNECTION_GRACE_S
 from service.settings import Settings
@@ -220,3 +221,21 @@ def test_probes_and_scrape_path_answer_on_a_server_run_with_the_configmap(
         assert httpx.get(running.url("/models"), timeout=10).status_code == 401
         authorised = httpx.get(running.url("/models"), headers={"Authorization": f"Bearer {API_KEY}"})
         assert authorised.status_code == 200
+
+
+def test_the_monitoring_extras_match_the_service_and_the_autoscaler(
+    overlay: tuple[str, list[Manifest]],
+) -> None:
+    """The ServiceMonitor (a CRD, outside the schemas) and the adapter rule name what the base has."""
+    _, objects = overlay
+    monitoring = K8S_DIR / "monitoring"
+    monitor = yaml.safe_load((monitoring / "servicemonitor.yaml").read_text())
+    service = one(objects, "Service")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
+    annotations = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert endpoint["path"] == annotations["prometheus.io/path"]
+    (rule,) = yaml.safe_load((monitoring / "prometheus-adapter-values.yaml").read_text())["rules"]["custom"]
+    metric = one(objects, "HorizontalPodAutoscaler")["spec"]["metrics"][0]["pods"]["metric"]["name"]
+    assert rule["name"]["as"] == metric and rule["seriesQuery"].startswith(metric + "{")
