@@ -9,7 +9,10 @@ app: a live server started with an overlay's ConfigMap as its environment.
 from __future__ import annotations
 
 import copy
+import os
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,8 @@ from service.settings import Settings
 from tests.deploy import kustomize
 from tests.deploy.kustomize import Manifest
 from tests.live_server import live_server
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 K8S_DIR = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 OVERLAYS = sorted(path.name for path in (K8S_DIR / "overlays").iterdir() if path.is_dir())
@@ -239,3 +244,51 @@ def test_the_monitoring_extras_match_the_service_and_the_autoscaler(
     (rule,) = yaml.safe_load((monitoring / "prometheus-adapter-values.yaml").read_text())["rules"]["custom"]
     metric = one(objects, "HorizontalPodAutoscaler")["spec"]["metrics"][0]["pods"]["metric"]["name"]
     assert rule["name"]["as"] == metric and rule["seriesQuery"].startswith(metric + "{")
+
+
+def read_only_root_launcher(writable: list[str]) -> list[str]:
+    """A private mount namespace with `/` read-only and a fresh tmpfs on each `writable` path."""
+    mounts = " && ".join(f"mount -t tmpfs -o size=1g tmpfs {path}" for path in writable)
+    script = (
+        f"mount --bind / / && mount -o remount,bind,ro / && {mounts} && "
+        # Proof that the root really is read-only before the server starts.
+        'if touch "$PWD/.read-only-probe" 2>/dev/null; then exit 97; fi && exec "$@"'
+    )
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
+
+
+def _can_make_mount_namespaces() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_make_mount_namespaces(), reason="needs root and mount namespaces (unshare)")
+def test_the_server_runs_on_a_read_only_root_with_only_the_manifest_s_writable_mounts() -> None:
+    """What readOnlyRootFilesystem plus the emptyDir mounts give the container, on this machine."""
+    objects = kustomize.build_overlay(K8S_DIR / "overlays" / "cpu")
+    volumes = {volume["name"]: volume for volume in pod_spec(objects)["volumes"]}
+    writable = [
+        mount["mountPath"]
+        for mount in server_container(objects)["volumeMounts"]
+        if "emptyDir" in volumes[mount["name"]]
+    ]
+    assert sorted(writable) == ["/dev/shm", "/tmp"]
+    environment = {**one(objects, "ConfigMap")["data"], "PYTHONDONTWRITEBYTECODE": "1"}
+    # The bundled checkpoints: pytest's own temporary directories lie under the hidden /tmp.
+    model = REPO_ROOT / "models" / "zoo-rope"
+    with live_server(
+        [model], options={"torch_threads": 1}, env=environment, launcher=read_only_root_launcher(writable)
+    ) as running:
+        body = {
+            "prompt": "def f(x):",
+            "pe_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
+            "max_new_tokens": 8,
+            "seed": 3,
+            "temperature": 0.8,
+        }
+        response = httpx.post(running.url("/generate"), json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        assert running.stop() == 0
+        assert "Read-only file system" not in running.logs()
