@@ -10,6 +10,8 @@ included) are printed at the end of the module.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import os
 import shutil
 import tempfile
@@ -26,10 +28,12 @@ import pytest
 import ray
 import yaml
 from ray import serve
+from ray._private import ray_constants
 from ray.serve.schema import ServeDeploySchema
 
 from deploy.ray.app import REPLICA_HEADER, ReplicaOptions, build_app, replica_settings
 from service.model.config import SCHEMES
+from tests.deploy import netns
 from tests.live_server import OptionValue, free_port, live_server
 
 pytestmark = pytest.mark.slow
@@ -87,16 +91,30 @@ def _rss_bytes(pid: int) -> int:
 
 
 @dataclass
-class TreeMemory:
-    """Samples the resident memory of this process and all its descendants; keeps the peak."""
+class NewProcesses:
+    """This process's descendants started after `earlier` was taken: Ray's, and the test's own.
 
+    Servers that other test modules keep for the whole session are descendants too, and are not
+    counted.
+    """
+
+    earlier: set[int] = field(default_factory=lambda: _descendants(os.getpid()))
+
+    def pids(self) -> set[int]:
+        return _descendants(os.getpid()) - self.earlier
+
+
+@dataclass
+class TreeMemory:
+    """Samples the resident memory of this process and the new processes; keeps the peak."""
+
+    processes: NewProcesses
     peak_bytes: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
-        me = os.getpid()
         while not self._stop.is_set():
-            total = sum(_rss_bytes(pid) for pid in {me, *_descendants(me)})
+            total = sum(_rss_bytes(pid) for pid in {os.getpid(), *self.processes.pids()})
             self.peak_bytes = max(self.peak_bytes, total)
             self._stop.wait(_SAMPLE_INTERVAL_S)
 
@@ -111,6 +129,42 @@ def report(config: pytest.Config, line: str) -> None:
         print(f"\n{line}", flush=True)
 
 
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:[") : -1])
+    except OSError:
+        pass
+    return inodes
+
+
+def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """/proc/net/tcp's hex form: 32-bit words in host (little-endian) order."""
+    raw = bytes.fromhex(hex_address)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    address = ipaddress.ip_address(words)
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return mapped or address
+
+
+def listening_addresses(pids: set[int]) -> set[str]:
+    """host:port of every TCP socket in LISTEN state that one of `pids` holds."""
+    owned = set().union(*(_socket_inodes(pid) for pid in pids))
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in owned:
+                host, port = local.split(":")
+                found.add(f"{_address(host)}:{int(port, 16)}")
+    return found
+
+
 # -- the Serve deployment -------------------------------------------------------------------------
 
 
@@ -118,6 +172,7 @@ def report(config: pytest.Config, line: str) -> None:
 class RayApp:
     base_url: str
     model_dirs: list[Path]
+    processes: NewProcesses
 
 
 def replica_actors() -> dict[str, Any]:
@@ -148,14 +203,19 @@ def wait_for(condition: Any, timeout_s: float, what: str) -> None:
 
 @pytest.fixture(scope="module")
 def ray_app(tiny_checkpoints: dict[str, Path], pytestconfig: pytest.Config) -> Iterator[RayApp]:
+    if not netns.available():
+        pytest.skip("needs root and iproute2 for a loopback-only network namespace (tests/deploy/netns.py)")
     started = time.monotonic()
-    memory = TreeMemory()
+    processes = NewProcesses()
+    memory = TreeMemory(processes)
     sampler = threading.Thread(target=memory.run, daemon=True)
     sampler.start()
     temp_dir = tempfile.mkdtemp(prefix="ray-")
-    with pytest.MonkeyPatch.context() as patch:
-        # The node's address is then the loopback one, and every Ray server binds 127.0.0.1 only.
+    with netns.loopback_only(), pytest.MonkeyPatch.context() as patch:
+        # The node's address is then the loopback one: the variable for Ray's processes, the
+        # constant it read at import for this one.
         patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
         patch.setenv("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(
             address="local",
@@ -175,16 +235,15 @@ def ray_app(tiny_checkpoints: dict[str, Path], pytestconfig: pytest.Config) -> I
                 **SETTINGS,
             }
             serve.run(build_app(args), name=APP_NAME, route_prefix="/")
-            yield RayApp(base_url=f"http://127.0.0.1:{port}", model_dirs=model_dirs)
+            yield RayApp(base_url=f"http://127.0.0.1:{port}", model_dirs=model_dirs, processes=processes)
         finally:
-            # Neither is annotated in Ray.
-            serve.shutdown()  # type: ignore[no-untyped-call]
-            ray.shutdown()  # type: ignore[no-untyped-call]
+            serve.shutdown()
+            ray.shutdown()
             shutil.rmtree(temp_dir, ignore_errors=True)
 
     def all_stopped() -> bool:
         """No process of Ray's left: zombies (no resident memory) are not running anything."""
-        return not any(_rss_bytes(pid) for pid in _descendants(os.getpid()))
+        return not any(_rss_bytes(pid) for pid in processes.pids())
 
     wait_for(all_stopped, 30.0, "every Ray process stopped")
     memory.stop()
@@ -248,6 +307,13 @@ def compared(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # -- the live checks ------------------------------------------------------------------------------
+
+
+def test_ray_listens_only_where_nothing_but_loopback_reaches(ray_app: RayApp) -> None:
+    """Serve's proxy on 127.0.0.1; the rest in a namespace whose only interface is `lo`."""
+    assert netns.interfaces() == {"lo"}
+    listening = listening_addresses(ray_app.processes.pids())
+    assert f"127.0.0.1:{ray_app.base_url.rsplit(':', 1)[1]}" in listening
 
 
 def test_mixed_traffic_spreads_over_both_replicas_and_equals_a_single_server(
