@@ -24,7 +24,7 @@ from service.api.state import Phase, ServiceState
 from service.settings import Device, DType, EngineMode, LogLevel, Settings
 
 # Seconds uvicorn waits for open connections once the drain is over; responses are complete by then.
-_CONNECTION_GRACE_S = 5
+CONNECTION_GRACE_S = 5
 
 
 class DrainingServer(uvicorn.Server):
@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         port=settings.port,
         log_config=logging_config(settings.log_level),
         access_log=False,
-        timeout_graceful_shutdown=_CONNECTION_GRACE_S,
+        timeout_graceful_shutdown=CONNECTION_GRACE_S,
         server_header=False,
     )
     DrainingServer(config, state).run()

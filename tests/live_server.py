@@ -111,9 +111,10 @@ def _wait_until_ready(server: LiveServer, timeout: float) -> None:
     raise TimeoutError(f"pe-serve not ready after {timeout:.0f} s:\n{server.logs()}")
 
 
-def _launch(arguments: Sequence[str], env: Mapping[str, str] | None) -> LiveServer:
+def _launch(arguments: Sequence[str], env: Mapping[str, str] | None, launcher: Sequence[str]) -> LiveServer:
     port = free_port()
-    command = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), *arguments]
+    server = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), *arguments]
+    command = [*launcher, *server]
     log_file = tempfile.NamedTemporaryFile(prefix="pe-serve-", suffix=".log", delete=False)  # noqa: SIM115
     environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     process = subprocess.Popen(
@@ -129,8 +130,12 @@ def start_server(
     options: Mapping[str, OptionValue] | None = None,
     env: Mapping[str, str] | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
+    launcher: Sequence[str] = (),
 ) -> LiveServer:
     """Start a server and wait until it is ready; the caller stops it (prefer `live_server`).
+
+    `launcher` is a command the server's command line is appended to (a sandbox, say), e.g.
+    `["unshare", "--mount", "sh", "-c", 'mount ...; exec "$@"', "sh"]`.
 
     A port taken by someone else in the instant between choosing and binding it is retried on
     another port, a few times, since tests of several packages may start servers at once.
@@ -138,14 +143,14 @@ def start_server(
     arguments = cli_args(model_dirs, options or {})
     for _ in range(_PORT_ATTEMPTS - 1):
         with contextlib.suppress(PortTakenError):
-            return _start_once(arguments, env, ready_timeout_s)
-    return _start_once(arguments, env, ready_timeout_s)
+            return _start_once(arguments, env, ready_timeout_s, launcher)
+    return _start_once(arguments, env, ready_timeout_s, launcher)
 
 
 def _start_once(
-    arguments: Sequence[str], env: Mapping[str, str] | None, ready_timeout_s: float
+    arguments: Sequence[str], env: Mapping[str, str] | None, ready_timeout_s: float, launcher: Sequence[str]
 ) -> LiveServer:
-    server = _launch(arguments, env)
+    server = _launch(arguments, env, launcher)
     try:
         _wait_until_ready(server, ready_timeout_s)
     except BaseException:
@@ -161,9 +166,12 @@ def live_server(
     options: Mapping[str, OptionValue] | None = None,
     env: Mapping[str, str] | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
+    launcher: Sequence[str] = (),
 ) -> Iterator[LiveServer]:
     """A ready server for the duration of the block; stopped (and its log file removed) afterwards."""
-    server = start_server(model_dirs, options=options, env=env, ready_timeout_s=ready_timeout_s)
+    server = start_server(
+        model_dirs, options=options, env=env, ready_timeout_s=ready_timeout_s, launcher=launcher
+    )
     try:
         yield server
     finally:
