@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from fastapi import Response
 from pydantic import BaseModel
 
@@ -11,10 +13,11 @@ from service.api.schemas.responses import (
     GenerateResponse,
     ModelCard,
     PEBlock,
+    ScoreResponse,
     TimingBlock,
     Usage,
 )
-from service.engine.types import GenerationResult, ModelInfo, PEInfo, Timing
+from service.engine.types import GenerationResult, ModelInfo, PEInfo, ScoreResult, Timing
 
 _CLIENT_FINISH_REASONS: tuple[FinishReason, ...] = ("length", "stop", "eos")
 
@@ -67,6 +70,18 @@ def generate_response(response_id: str, model: str, result: GenerationResult) ->
         usage=usage(result),
         pe=pe_block(result.pe),
         timing=timing_block(result.timing),
+    )
+
+
+def score_response(model: str, result: ScoreResult) -> ScoreResponse:
+    predicted = len(result.tokens) - 1
+    return ScoreResponse(
+        model=model,
+        tokens=list(result.tokens),
+        token_logprobs=list(result.token_logprobs),
+        total_logprob=result.total_logprob,
+        perplexity=math.exp(-result.total_logprob / predicted),
+        num_tokens=len(result.tokens),
     )
 
 

@@ -8,7 +8,6 @@ cancels the engine request, which is what frees the batch slot of a client that 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -17,12 +16,9 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from service.api.convert import finish_reason, pe_block, timing_block, usage
-from service.api.errors import APIError, error_body, from_engine_error, internal_error
+from service.api.errors import as_api_error, error_body
 from service.api.schemas.responses import StreamEnd, StreamToken
-from service.engine.errors import EngineError
 from service.engine.types import EngineEvent, GenerationResult, RequestHandle, TokenEvent
-
-logger = logging.getLogger("service.api.streaming")
 
 DONE = b"data: [DONE]\n\n"
 
@@ -68,14 +64,8 @@ async def generation_events(
 
 
 def _failure_body(error: Exception, request_id: str) -> dict[str, Any]:
-    """The error event for a stream that failed; only unexpected exceptions are logged here."""
-    if isinstance(error, APIError):
-        failure = error
-    elif isinstance(error, EngineError):
-        failure = from_engine_error(error)
-    else:
-        logger.exception("stream failed")
-        failure = internal_error(request_id)
+    """The error event for a stream that failed; only unexpected exceptions are logged (as_api_error)."""
+    failure = as_api_error(error, request_id)
     return error_body(failure.error_type, failure.message, failure.param)
 
 
