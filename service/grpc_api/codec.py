@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from service.api.errors import SCALING_FIELD, APIError
+from service.api.errors import APIError
 from service.grpc_api import pe_serve_pb2 as pb
 
 MessageT = TypeVar("MessageT", bound=Message)
@@ -68,22 +68,26 @@ def scaling_message(resolved: Mapping[str, Any]) -> pb.PEScaling:
 
 
 def _reject_unknown_fields(message: Message, *, path: str) -> None:
-    """422 for the first unknown field, named like pydantic names an extra JSON key."""
+    """422 for the first unknown field, named like pydantic names an extra JSON key.
+
+    A known number with another wire type is named by its field; an unknown number by the number,
+    except in `PEScaling`, where an unknown member of the oneof is an unknown scaling type.
+    """
     by_number = message.DESCRIPTOR.fields_by_number
     unknown_fields = UnknownFieldSet(message)
     if len(unknown_fields):
-        unknown = unknown_fields[0]
-        known = by_number.get(unknown.field_number)
-        name = known.name if known is not None else str(unknown.field_number)
+        number = unknown_fields[0].field_number
+        known = by_number.get(number)
+        if isinstance(message, pb.PEScaling):
+            name, problem = "type", "unknown scaling type" if known is None else "wrong wire type"
+        elif known is not None:
+            name, problem = known.name, "wrong wire type"
+        else:
+            name, problem = str(number), "unknown field number"
         param = f"{path}{name}"
-        problem = "wrong wire type" if known is not None else "unknown field number"
-        raise APIError(422, f"{param}: {problem} (field {unknown.field_number}).", param=param)
+        raise APIError(422, f"{param}: {problem} (field {number}).", param=param)
     for descriptor, value in message.ListFields():
-        if isinstance(value, pb.PEScaling):
+        if isinstance(value, Message):
             # The oneof level has no name in JSON: `pe_scaling.factor`, not `pe_scaling.yarn.factor`.
-            _reject_unknown_fields(value, path=f"{SCALING_FIELD}.")
-            scaling_type = value.WhichOneof(_SCALING_ONEOF)
-            if scaling_type is not None:
-                _reject_unknown_fields(getattr(value, scaling_type), path=f"{SCALING_FIELD}.")
-        elif isinstance(value, Message):
-            _reject_unknown_fields(value, path=f"{path}{descriptor.name}.")
+            inner = path if isinstance(message, pb.PEScaling) else f"{path}{descriptor.name}."
+            _reject_unknown_fields(value, path=inner)
