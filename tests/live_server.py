@@ -142,6 +142,16 @@ def _grpc_port(arguments: Sequence[str]) -> int:
     return free_port()
 
 
+def launch_server(
+    model_dirs: Sequence[Path | str] = (),
+    *,
+    options: Mapping[str, OptionValue] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> LiveServer:
+    """Start a server without waiting for it (to watch it load); the caller stops it."""
+    return _launch(cli_args(model_dirs, options or {}), env)
+
+
 def start_server(
     model_dirs: Sequence[Path | str] = (),
     *,
