@@ -46,7 +46,7 @@ from service.engine.types import ScoreRequest as EngineScoreRequest
 from service.grpc_api import pe_serve_pb2 as pb
 from service.grpc_api.codec import parse_request, request_fields
 from service.grpc_api.responses import generate_end, models_message, score_message, token_chunk
-from service.grpc_api.status import CANCELLED_STATUS, status_code, trailing_metadata
+from service.grpc_api.status import CANCELLED_STATUS, REQUEST_ID_KEY, status_code, trailing_metadata
 
 logger = logging.getLogger("service.grpc.access")
 
@@ -100,6 +100,8 @@ class PEServeServicer:
             )
             first_token = FirstTokenTimer(self._metrics, call.started)
             async with self._registered(engine, job) as running:
+                # Accepted: headers go out now, so a client can tell a queued request from a refused one.
+                await context.send_initial_metadata(((REQUEST_ID_KEY, call.request_id),))
                 async for event in running.handle:
                     first_token(event)
                     if isinstance(event, TokenEvent):

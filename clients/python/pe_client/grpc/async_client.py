@@ -38,7 +38,7 @@ from pe_client.types import (
     StreamEvent,
 )
 
-OpenCall = Callable[[], Awaitable[tuple[Any, pb.GenerateResponse]]]
+OpenCall = Callable[[], Awaitable[Any]]
 
 
 class AsyncGrpcStream(GrpcStreamState):
@@ -48,12 +48,11 @@ class AsyncGrpcStream(GrpcStreamState):
         super().__init__(message)
         self._open_call = open_call
         self._call: Any = None
-        self._first: pb.GenerateResponse | None = None
         self._events: AsyncIterator[StreamEvent] | None = None
 
     async def _opened(self) -> Any:
         if self._call is None:
-            self._call, self._first = await self._open_call()
+            self._call = await self._open_call()
         return self._call
 
     async def __aenter__(self) -> Self:
@@ -76,8 +75,6 @@ class AsyncGrpcStream(GrpcStreamState):
     async def _read_events(self) -> AsyncIterator[StreamEvent]:
         call = await self._opened()
         try:
-            if self._first is not None:
-                yield self._accept(self._first)
             while (response := await call.read()) is not grpc.aio.EOF:
                 yield self._accept(response)
         except grpc.RpcError as exc:
@@ -111,29 +108,17 @@ class AsyncGrpcPEClient(BaseGrpcClient):
     ) -> None:
         super().__init__(target=target, api_key=api_key, timeout=timeout, max_retries=max_retries)
         self._owns_channel = channel is None
-        self._channel = (
-            channel if channel is not None else grpc.aio.insecure_channel(self.target, channel_options())
-        )
+        self._channel = channel
         self._sleep = sleep
-        self._generate = self._channel.unary_stream(
-            method("Generate"),
-            request_serializer=serialize,
-            response_deserializer=pb.GenerateResponse.FromString,
-        )
-        self._score = self._channel.unary_unary(
-            method("Score"), request_serializer=serialize, response_deserializer=pb.ScoreResponse.FromString
-        )
-        self._list_models = self._channel.unary_unary(
-            method("ListModels"),
-            request_serializer=serialize,
-            response_deserializer=pb.ListModelsResponse.FromString,
-        )
-        self._abort = self._channel.unary_unary(
-            method("Abort"), request_serializer=serialize, response_deserializer=pb.AbortResponse.FromString
-        )
-        self._health = self._channel.unary_unary(
-            HEALTH_CHECK, request_serializer=serialize, response_deserializer=parse_health
-        )
+        self._stubs: _Stubs | None = None
+
+    def _stub(self) -> _Stubs:
+        """The method stubs, made on first use: a `grpc.aio` channel must be made in a running loop."""
+        if self._stubs is None:
+            if self._channel is None:
+                self._channel = grpc.aio.insecure_channel(self.target, channel_options())
+            self._stubs = _Stubs(self._channel)
+        return self._stubs
 
     async def generate(
         self,
@@ -170,26 +155,30 @@ class AsyncGrpcPEClient(BaseGrpcClient):
         **params: Unpack[ScoreParams],
     ) -> ScoreResponse:
         """Log-probability of every token of a text given its prefix, and the perplexity."""
-        return score_response(await self._unary(self._score, score_message(request, params, request_id)))
+        return score_response(
+            await self._unary(self._stub().score, score_message(request, params, request_id))
+        )
 
     async def models(self) -> list[ModelInfo]:
         """The resident models, in load order."""
-        return model_list(await self._unary(self._list_models, pb.ListModelsRequest()))
+        return model_list(await self._unary(self._stub().list_models, pb.ListModelsRequest()))
 
     async def cancel(self, request_id: str) -> None:
         """Stop a running generation or scoring (`Abort`); its stream then raises with CANCELLED."""
-        await self._unary(self._abort, pb.AbortRequest(request_id=request_id))
+        await self._unary(self._stub().abort, pb.AbortRequest(request_id=request_id))
 
     async def health(self) -> Health:
         """One `grpc.health.v1` check of the service, no retries: ready means SERVING."""
         try:
-            response = await self._health(health_request(), metadata=self._metadata(), timeout=self.timeout)
+            response = await self._stub().health(
+                health_request(), metadata=self._metadata(), timeout=self.timeout
+            )
         except grpc.RpcError as exc:
             raise rpc_error(exc) from None
         return health_result(response)
 
     async def close(self) -> None:
-        if self._owns_channel:
+        if self._owns_channel and self._channel is not None:
             await self._channel.close()
 
     async def __aenter__(self) -> Self:
@@ -211,14 +200,42 @@ class AsyncGrpcPEClient(BaseGrpcClient):
             await self._sleep(self.retry_policy.delay_or_raise(retries_taken, error))
             retries_taken += 1
 
-    async def _open_stream(self, message: pb.GenerateRequest) -> tuple[Any, pb.GenerateResponse]:
+    async def _open_stream(self, message: pb.GenerateRequest) -> Any:
+        """Start the call under the retry policy; see `GrpcPEClient._open_stream`."""
         retries_taken = 0
         while True:
-            error: APIError
-            call = self._generate(message, metadata=self._metadata(), timeout=self.timeout)
+            call = self._stub().generate(message, metadata=self._metadata(), timeout=self.timeout)
+            await call.initial_metadata()
+            if not call.done() or await call.code() is grpc.StatusCode.OK:
+                return call
             try:
-                return call, await call.read()
+                await call.read()  # raises the call's failure
             except grpc.RpcError as exc:
-                error = rpc_error(exc)
+                error: APIError = rpc_error(exc)
             await self._sleep(self.retry_policy.delay_or_raise(retries_taken, error))
             retries_taken += 1
+
+
+class _Stubs:
+    """One callable per method, on one channel."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.generate = channel.unary_stream(
+            method("Generate"),
+            request_serializer=serialize,
+            response_deserializer=pb.GenerateResponse.FromString,
+        )
+        self.score = channel.unary_unary(
+            method("Score"), request_serializer=serialize, response_deserializer=pb.ScoreResponse.FromString
+        )
+        self.list_models = channel.unary_unary(
+            method("ListModels"),
+            request_serializer=serialize,
+            response_deserializer=pb.ListModelsResponse.FromString,
+        )
+        self.abort = channel.unary_unary(
+            method("Abort"), request_serializer=serialize, response_deserializer=pb.AbortResponse.FromString
+        )
+        self.health = channel.unary_unary(
+            HEALTH_CHECK, request_serializer=serialize, response_deserializer=parse_health
+        )

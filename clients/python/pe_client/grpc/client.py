@@ -47,16 +47,15 @@ class GrpcStream(GrpcStreamState):
     frees the batch slot.
     """
 
-    def __init__(self, message: pb.GenerateRequest, open_call: Callable[[], tuple[Any, pb.GenerateResponse]]):
+    def __init__(self, message: pb.GenerateRequest, open_call: Callable[[], Any]):
         super().__init__(message)
         self._open_call = open_call
         self._call: Any = None
-        self._first: pb.GenerateResponse | None = None
         self._events: Iterator[StreamEvent] | None = None
 
     def _opened(self) -> Any:
         if self._call is None:
-            self._call, self._first = self._open_call()
+            self._call = self._open_call()
         return self._call
 
     def __enter__(self) -> Self:
@@ -79,8 +78,6 @@ class GrpcStream(GrpcStreamState):
     def _read_events(self) -> Iterator[StreamEvent]:
         call = self._opened()
         try:
-            if self._first is not None:
-                yield self._accept(self._first)
             for response in call:
                 yield self._accept(response)
         except grpc.RpcError as exc:
@@ -217,15 +214,18 @@ class GrpcPEClient(BaseGrpcClient):
             self._sleep(self.retry_policy.delay_or_raise(retries_taken, error))
             retries_taken += 1
 
-    def _open_stream(self, message: pb.GenerateRequest) -> tuple[Any, pb.GenerateResponse]:
-        """Start the call and read its first message under the retry policy (errors surface there)."""
+    def _open_stream(self, message: pb.GenerateRequest) -> Any:
+        """Start the call under the retry policy: accepted once the server sends its headers.
+
+        A refused request (full queue, draining, invalid) ends before any header, so it is retried
+        or raised here; a queued one waits in the iteration, as over HTTP.
+        """
         retries_taken = 0
         while True:
-            error: APIError
             call = self._generate(message, metadata=self._metadata(), timeout=self.timeout)
-            try:
-                return call, next(call)
-            except grpc.RpcError as exc:
-                error = rpc_error(exc)
+            call.initial_metadata()
+            if not call.done() or call.code() is grpc.StatusCode.OK:
+                return call
+            error: APIError = rpc_error(call)
             self._sleep(self.retry_policy.delay_or_raise(retries_taken, error))
             retries_taken += 1
