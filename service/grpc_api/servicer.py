@@ -148,9 +148,6 @@ class PEServeServicer:
             running.handle.cancel()
             return pb.AbortResponse()
 
-    def running_count(self) -> int:
-        return len(self._running)
-
     def _rpc(self, method: str, context: grpc.aio.ServicerContext) -> _Rpc:
         return _Rpc(method, context, self._metrics, self._api_keys)
 

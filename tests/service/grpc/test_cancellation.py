@@ -7,7 +7,6 @@ as alone, the long one is stopped, and `pe_serve_batch_size` returns to 0.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -21,6 +20,7 @@ from tests.service.grpc.helpers import assert_status, raw_call, stream
 
 LONG = {"prompt": "a", "max_new_tokens": MAX_CONTEXT - 8, "temperature": 0.0}
 SHORT = {"prompt": "def f():", "max_new_tokens": 16, "temperature": 0.0}
+DEADLINE_S = 0.5  # far shorter than LONG takes
 
 
 def batch_size(client: httpx.Client) -> float:
@@ -81,14 +81,16 @@ def test_aborting_an_unknown_id_is_not_found(grpc_channel: grpc.Channel) -> None
 
 
 def test_an_expired_deadline_frees_the_slot(grpc_channel: grpc.Channel, client: httpx.Client) -> None:
+    """The call is running (its first token came) when its deadline passes."""
     alone = client.post("/generate", json=SHORT).json()
     expired_before = metric_sum(client, "pe_serve_requests_total", 'status="DEADLINE_EXCEEDED"')
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        beside = pool.submit(client.post, "/generate", json=SHORT)
-        with pytest.raises(grpc.RpcError) as caught:
-            list(stream(grpc_channel, LONG, timeout=0.3))
-        assert beside.result().json()["tokens"] == alone["tokens"]
+    call = stream(grpc_channel, LONG, timeout=DEADLINE_S)
+    assert next(call).HasField("token")
+    beside = client.post("/generate", json=SHORT).json()
+    with pytest.raises(grpc.RpcError) as caught:
+        list(call)
     assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert beside["tokens"] == alone["tokens"]
     wait_for(lambda: batch_size(client) == 0, "the slot to be freed")
     wait_for(
         lambda: (
