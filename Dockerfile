@@ -49,14 +49,15 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PE_SERVE_HOST=0.0.0.0 \
-    PE_SERVE_PORT=8000
+    PE_SERVE_PORT=8000 \
+    PE_SERVE_GRPC_PORT=50051
 RUN groupadd --system --gid 10001 pe \
     && useradd --system --uid 10001 --gid pe --home-dir /app --shell /usr/sbin/nologin pe
 COPY --from=builder /opt/venv /opt/venv
 COPY --from=builder /app /app
 WORKDIR /app
 USER 10001:10001
-EXPOSE 8000
+EXPOSE 8000 50051
 # Ready (200) only once the models are loaded and warm; 503 while loading or draining.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
     CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ.get('PE_SERVE_PORT', '8000')}/readyz\", timeout=4)"]

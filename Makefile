@@ -15,7 +15,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml clients/python/pyproject.toml
 	$(BIN)/pip install "$(TORCH_PIN)"
-	$(BIN)/pip install -e ".[dev]" -e clients/python
+	$(BIN)/pip install -e ".[dev]" -e "clients/python[grpc]"
 	touch $(STAMP)
 
 install: $(STAMP)

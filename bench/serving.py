@@ -166,10 +166,14 @@ def free_port() -> int:
         return port
 
 
-def server_command(model_dir: Path | str, port: int | str, threads: int) -> list[str]:
-    """The server exactly as a user would start it, one process serving every section."""
+def server_command(
+    model_dir: Path | str, port: int | str, threads: int, grpc_port: int | str = 0
+) -> list[str]:
+    """The server exactly as a user would start it, one process serving every section (gRPC off
+    unless a port is given)."""
     return [
         *("-m", "service", "--host", "127.0.0.1", "--port", str(port), "--model-dir", str(model_dir)),
+        *("--grpc-port", str(grpc_port)),
         *("--device", "cpu", "--dtype", "float32", "--max-context", str(MAX_CONTEXT)),
         *("--max-batch-size", str(MAX_BATCH_SIZE), "--max-queue", "0", "--torch-threads", str(threads)),
     ]
@@ -194,7 +198,7 @@ def log_tail(log_path: Path, lines: int = 40) -> str:
 
 
 @contextlib.contextmanager
-def running_server(model_dir: Path, threads: int, log_path: Path) -> Iterator[str]:
+def running_server(model_dir: Path, threads: int, log_path: Path, grpc_port: int = 0) -> Iterator[str]:
     """A ready server subprocess for the block, stopped (SIGTERM, then SIGKILL) whatever happens.
 
     Its intra-op threads are pinned like the benchmark's own, so HTTP and in-process runs compute
@@ -209,7 +213,7 @@ def running_server(model_dir: Path, threads: int, log_path: Path) -> Iterator[st
     }
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, *server_command(model_dir, port, threads)],
+            [sys.executable, *server_command(model_dir, port, threads, grpc_port)],
             cwd=REPO_ROOT,
             env=environment,
             stdout=log,

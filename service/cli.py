@@ -1,7 +1,8 @@
 """`pe-serve` / `python -m service`: parse flags, build the app, run uvicorn with a draining stop.
 
-SIGTERM (or Ctrl-C) does not stop the server at once: `/readyz` turns 503, new requests get 503,
-running ones finish (up to `--drain-timeout-s` seconds), and only then does uvicorn shut down and
+SIGTERM (or Ctrl-C) does not stop the server at once: `/readyz` turns 503 and the gRPC health
+service NOT_SERVING, new requests get 503 (UNAVAILABLE over gRPC), running ones on either protocol
+finish (up to `--drain-timeout-s` seconds), and only then does uvicorn shut down and
 the process exit 0. A second signal stops it immediately.
 """
 
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", help="interface to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to bind (default 8000)")
+    parser.add_argument("--grpc-port", type=int, help="port of the gRPC API (default 50051; 0 disables it)")
     parser.add_argument(
         "--model-dir",
         nargs="+",

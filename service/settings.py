@@ -28,6 +28,9 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    grpc_port: int = Field(
+        default=50051, ge=0, le=65535, description="Port of the gRPC API on the same host; 0 disables it."
+    )
     model_dir: Annotated[list[Path], NoDecode] = Field(
         default_factory=list,
         description="Checkpoint directories to serve; empty means the bundled zoo.",

@@ -13,6 +13,8 @@ Used by the service's own tests and by the SDK's live tests, so its interface is
 yields a `LiveServer`, and stops the process on exit (SIGTERM, then SIGKILL if it does not exit
 in time). An empty `model_dirs` serves the bundled zoo. The server's log (JSON lines) goes to a
 file, read with `server.logs()`; it is included in the error when the server fails to start.
+The gRPC API listens on another free port, `server.grpc_target` ("127.0.0.1:<port>"), unless
+the options set `grpc_port` themselves (0: none, and `grpc_target` is None).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class LiveServer:
     process: subprocess.Popen[bytes]
     base_url: str
     log_path: Path
+    grpc_target: str | None = None
 
     def url(self, path: str) -> str:
         return self.base_url + path
@@ -114,6 +117,9 @@ def _wait_until_ready(server: LiveServer, timeout: float) -> None:
 def _launch(arguments: Sequence[str], env: Mapping[str, str] | None, launcher: Sequence[str]) -> LiveServer:
     port = free_port()
     server = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), *arguments]
+    grpc_port = _grpc_port(arguments)
+    if "--grpc-port" not in arguments:
+        server += ["--grpc-port", str(grpc_port)]
     command = [*launcher, *server]
     log_file = tempfile.NamedTemporaryFile(prefix="pe-serve-", suffix=".log", delete=False)  # noqa: SIM115
     environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -121,7 +127,30 @@ def _launch(arguments: Sequence[str], env: Mapping[str, str] | None, launcher: S
         command, cwd=REPO_ROOT, env=environment, stdout=log_file, stderr=subprocess.STDOUT
     )
     log_file.close()
-    return LiveServer(process=process, base_url=f"http://127.0.0.1:{port}", log_path=Path(log_file.name))
+    grpc_target = f"127.0.0.1:{grpc_port}" if grpc_port else None
+    return LiveServer(
+        process=process,
+        base_url=f"http://127.0.0.1:{port}",
+        log_path=Path(log_file.name),
+        grpc_target=grpc_target,
+    )
+
+
+def _grpc_port(arguments: Sequence[str]) -> int:
+    """The port the arguments name for gRPC, else a fresh free one."""
+    if "--grpc-port" in arguments:
+        return int(arguments[arguments.index("--grpc-port") + 1])
+    return free_port()
+
+
+def launch_server(
+    model_dirs: Sequence[Path | str] = (),
+    *,
+    options: Mapping[str, OptionValue] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> LiveServer:
+    """Start a server without waiting for it (to watch it load); the caller stops it."""
+    return _launch(cli_args(model_dirs, options or {}), env, ())
 
 
 def start_server(

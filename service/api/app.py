@@ -2,18 +2,20 @@
 
 `create_app(settings)` builds a server that loads its models itself (the bundled zoo unless
 `settings.model_dir` says otherwise); `create_app(settings, engine)` serves a given engine, which
-the app then starts, warms and shuts down as its own.
+the app then starts, warms and shuts down as its own. Unless `settings.grpc_port` is 0, the app's
+lifespan also runs the gRPC API on that port, over the same engine and state.
 """
 
 from __future__ import annotations
 
+import importlib
 from functools import partial
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from service.api.errors import install_error_handlers
-from service.api.lifespan import engine_lifespan
+from service.api.lifespan import Companion, engine_lifespan
 from service.api.loading import load_engine
 from service.api.metrics import ServiceMetrics
 from service.api.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestContextMiddleware
@@ -44,6 +46,20 @@ _DESCRIPTION = (
 )
 
 
+def grpc_server(settings: Settings, state: ServiceState, metrics: ServiceMetrics) -> Companion:
+    """The gRPC API on `settings.grpc_port`, imported only when it is enabled."""
+    server_module = importlib.import_module("service.grpc_api.server")
+    server: Companion = server_module.GrpcServer(
+        state,
+        metrics,
+        host=settings.host,
+        port=settings.grpc_port,
+        api_keys=settings.api_keys(),
+        max_message_bytes=settings.max_body_bytes,
+    )
+    return server
+
+
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     state = ServiceState(drain_timeout_s=settings.drain_timeout_s)
 
@@ -55,11 +71,12 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     service_metrics = ServiceMetrics(engine_stats, engine_metrics)
     build = (lambda: engine) if engine is not None else partial(load_engine, settings)
+    companions = [grpc_server(settings, state, service_metrics)] if settings.grpc_port else []
     app = FastAPI(
         title="pe-serve",
         version="0.1.0",
         description=_DESCRIPTION,
-        lifespan=engine_lifespan(state, build, warm=settings.warmup),
+        lifespan=engine_lifespan(state, build, warm=settings.warmup, companions=companions),
     )
     app.state.service = state
     app.state.metrics = service_metrics

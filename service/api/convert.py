@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from fastapi import Response
@@ -13,11 +14,12 @@ from service.api.schemas.responses import (
     GenerateResponse,
     ModelCard,
     PEBlock,
+    ScoreResponse,
     TimingBlock,
     TopLogprobEntry,
     Usage,
 )
-from service.engine.types import Engine, GenerationResult, ModelInfo, PEInfo, Timing, TopLogprobs
+from service.engine.types import Engine, GenerationResult, ModelInfo, PEInfo, ScoreResult, Timing, TopLogprobs
 
 # One token's text, for reporting alternatives (the tokenizer lives on this side of the engine too).
 TokenText = Callable[[int], str]
@@ -94,6 +96,18 @@ def generate_response(
         usage=usage(result),
         pe=pe_block(result.pe),
         timing=timing_block(result.timing),
+    )
+
+
+def score_response(model: str, result: ScoreResult) -> ScoreResponse:
+    predicted = len(result.tokens) - 1
+    return ScoreResponse(
+        model=model,
+        tokens=list(result.tokens),
+        token_logprobs=list(result.token_logprobs),
+        total_logprob=result.total_logprob,
+        perplexity=math.exp(-result.total_logprob / predicted),
+        num_tokens=len(result.tokens),
     )
 
 

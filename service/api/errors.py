@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pe_runtime import PEConfigError
@@ -54,6 +55,7 @@ _STATUS_TYPES: Mapping[int, str] = {
     404: "not_found",
     405: "method_not_allowed",
     413: "request_too_large",
+    409: "conflict",
     415: "unsupported_media_type",
     422: "invalid_request_error",
     429: "queue_full",
@@ -158,9 +160,13 @@ def param_from_location(location: Sequence[str | int], error_type: str) -> str |
 _NOT_AN_OBJECT = frozenset({"missing", "model_attributes_type", "model_type", "dict_type"})
 
 
-def from_validation_error(error: RequestValidationError) -> APIError:
-    """The first problem, named by its dotted field; pydantic's wording, prefixed with the field."""
-    first = error.errors()[0]
+def from_validation_errors(errors: Sequence[Mapping[str, Any]]) -> APIError:
+    """The first problem, named by its dotted field; pydantic's wording, prefixed with the field.
+
+    Takes the error list of FastAPI's `RequestValidationError` (locations under "body") as well as
+    a pydantic `ValidationError`'s (the gRPC API validates its requests with the same schemas).
+    """
+    first = errors[0]
     error_type = str(first.get("type", ""))
     param = param_from_location(first.get("loc", ()), error_type)
     detail = str(first.get("msg", "invalid request"))
@@ -171,6 +177,24 @@ def from_validation_error(error: RequestValidationError) -> APIError:
         detail = "Request body must be a JSON object"
     message = f"{param}: {detail}" if param else detail
     return APIError(422, message, param=param)
+
+
+def as_api_error(error: Exception, request_id: str) -> APIError:
+    """Any failure of a request as the client-facing error; what is not a known failure is a bug.
+
+    Used where an exception is answered outside FastAPI's handlers (a stream already started, the
+    gRPC API). Bugs are logged here with their stack trace and become a 500 quoting the request id.
+    """
+    if isinstance(error, APIError):
+        return error
+    if isinstance(error, EngineError):
+        return from_engine_error(error)
+    if isinstance(error, PEConfigError):
+        return from_pe_config_error(error)
+    if isinstance(error, ValidationError):
+        return from_validation_errors(error.errors())
+    logger.exception("request failed", extra={"request_id": request_id})
+    return internal_error(request_id)
 
 
 def from_http_exception(error: StarletteHTTPException) -> APIError:
@@ -196,7 +220,7 @@ def install_error_handlers(app: FastAPI) -> None:
     """Register the translators above; unexpected exceptions are handled by the request middleware."""
     converters: Mapping[type[Exception], Callable[[Any], APIError]] = {
         APIError: lambda exc: exc,
-        RequestValidationError: from_validation_error,
+        RequestValidationError: lambda exc: from_validation_errors(exc.errors()),
         EngineError: from_engine_error,
         PEConfigError: from_pe_config_error,
         StarletteHTTPException: from_http_exception,

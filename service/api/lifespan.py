@@ -3,14 +3,19 @@
 Loading runs after the server is listening, so `/healthz` answers at once while `/readyz` stays
 503 until every model has run one tiny prefill (which also builds the PE tables of its default
 scaling). A failed load is logged and leaves the state FAILED; the CLI then exits non-zero.
+
+Companion servers (the gRPC API) start before loading, so their health reports the loading phase
+too, and stop after the HTTP side has drained, before the engine shuts down. One that cannot start
+(its port is taken) fails the service the same way a failed load does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Protocol
 
 from fastapi import FastAPI
 
@@ -21,6 +26,15 @@ logger = logging.getLogger("service.api.lifespan")
 
 EngineFactory = Callable[[], Engine]
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+
+
+class Companion(Protocol):
+    """A server that lives as long as the app and serves the same engine."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
 
 _WARMUP_TEXT = "def warm_up():\n    return 0\n"
 
@@ -51,15 +65,32 @@ async def start_engine(state: ServiceState, build: EngineFactory, *, warm: bool)
     logger.info("ready", extra={"models": [info.name for info in engine.models()]})
 
 
-def engine_lifespan(state: ServiceState, build: EngineFactory, *, warm: bool) -> Lifespan:
+async def start_companions(state: ServiceState, companions: Sequence[Companion]) -> bool:
+    """Start each; False (and the state FAILED) as soon as one cannot."""
+    for companion in companions:
+        try:
+            await companion.start()
+        except Exception:
+            logger.exception("could not start %s", type(companion).__name__)
+            state.phase = Phase.FAILED
+            return False
+    return True
+
+
+def engine_lifespan(
+    state: ServiceState, build: EngineFactory, *, warm: bool, companions: Sequence[Companion] = ()
+) -> Lifespan:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        loading = asyncio.create_task(start_engine(state, build, warm=warm))
+        started = await start_companions(state, companions)
+        loading = asyncio.create_task(start_engine(state, build, warm=warm)) if started else None
         try:
             yield
         finally:
-            if not loading.done():
+            if loading is not None and not loading.done():
                 loading.cancel()
+            for companion in reversed(companions):
+                await companion.stop()
             if state.engine is not None:
                 await asyncio.to_thread(state.engine.shutdown)
 

@@ -54,14 +54,14 @@ class ServiceMetrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "pe_serve_requests",
-            "HTTP requests answered, by endpoint and status code.",
-            ["endpoint", "status"],
+            "Requests answered, by protocol (http, grpc), endpoint (path or gRPC method) and status.",
+            ["endpoint", "status", "protocol"],
             registry=self.registry,
         )
         self.request_duration = Histogram(
             "pe_serve_request_duration_seconds",
             "Time from request start to the last byte of the response.",
-            ["endpoint"],
+            ["endpoint", "protocol"],
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
@@ -73,9 +73,12 @@ class ServiceMetrics:
         )
         self.registry.register(_EngineCollector(read_stats))
 
-    def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
-        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
-        self.request_duration.labels(endpoint=endpoint).observe(seconds)
+    def observe_request(
+        self, endpoint: str, status: int | str, seconds: float, protocol: str = "http"
+    ) -> None:
+        """`status` is the HTTP status code, or the gRPC status code's name (`OK`, `NOT_FOUND`, ...)."""
+        self.requests.labels(endpoint=endpoint, status=str(status), protocol=protocol).inc()
+        self.request_duration.labels(endpoint=endpoint, protocol=protocol).observe(seconds)
 
     def render(self) -> bytes:
         """Ours, this process's global registry, then the engine process's (may block briefly)."""

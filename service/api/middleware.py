@@ -23,16 +23,27 @@ from service.api.metrics import ServiceMetrics
 logger = logging.getLogger("service.api.access")
 
 REQUEST_ID_HEADER = "X-Request-ID"
-_CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 UNKNOWN_ENDPOINT = "other"
 # Polled every few seconds by orchestrators and scrapers: logged at debug level unless they fail.
 _PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
+def bearer_authorized(authorization: str, keys: Collection[bytes]) -> bool:
+    """Whether an `Authorization` value is `Bearer <one of keys>`, compared in constant time."""
+    scheme, _, offered = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    candidate = offered.strip().encode()
+    # Compare against every key, without short-circuit, so timing reveals nothing.
+    matches = [hmac.compare_digest(candidate, key) for key in keys]
+    return any(matches)
+
+
 def _request_id(headers: Headers) -> str:
     """The client's id when it is a sane token (it ends up in logs and headers), else a fresh one."""
     offered = headers.get(REQUEST_ID_HEADER, "")
-    return offered if _CLIENT_REQUEST_ID.fullmatch(offered) else uuid.uuid4().hex
+    return offered if CLIENT_REQUEST_ID.fullmatch(offered) else uuid.uuid4().hex
 
 
 class RequestContextMiddleware:
@@ -109,13 +120,7 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
     def _authorized(self, scope: Scope) -> bool:
-        scheme, _, offered = Headers(scope=scope).get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        candidate = offered.strip().encode()
-        # Compare against every key, without short-circuit, so timing reveals nothing.
-        matches = [hmac.compare_digest(candidate, key) for key in self.keys]
-        return any(matches)
+        return bearer_authorized(Headers(scope=scope).get("authorization", ""), self.keys)
 
 
 class BodyLimitMiddleware:

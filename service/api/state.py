@@ -1,7 +1,8 @@
 """The service's lifecycle: loading -> ready -> draining, or failed, and the engine once it exists.
 
 Routes ask `ServiceState.engine_for_request()` for the engine, so "not ready yet" and "draining"
-are answered with the same 503 everywhere, and `/readyz` reads the same phase.
+are answered with the same 503 everywhere, and `/readyz` reads the same phase. Whoever must follow
+the phase as it changes (the gRPC health service) subscribes with `on_phase_change`.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from service.api.errors import APIError
@@ -30,8 +32,26 @@ class ServiceState:
 
     drain_timeout_s: float
     engine: Engine | None = None
-    phase: Phase = Phase.LOADING
     drained: asyncio.Event = field(default_factory=asyncio.Event)
+    _phase: Phase = field(default=Phase.LOADING, init=False)
+    _listeners: list[Callable[[Phase], None]] = field(default_factory=list, init=False)
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @phase.setter
+    def phase(self, phase: Phase) -> None:
+        changed = phase is not self._phase
+        self._phase = phase
+        if changed:
+            for listener in self._listeners:
+                listener(phase)
+
+    def on_phase_change(self, listener: Callable[[Phase], None]) -> None:
+        """Call `listener(phase)` now and after every change (on the thread that changes it)."""
+        self._listeners.append(listener)
+        listener(self._phase)
 
     def engine_for_request(self) -> Engine:
         """The engine, or a 503 while loading, draining, after a failed start or a dead worker."""

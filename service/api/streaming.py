@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -18,12 +17,9 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from service.api.convert import TokenText, finish_reason, pe_block, timing_block, top_logprob_entries, usage
-from service.api.errors import APIError, error_payload, from_engine_error, internal_error
+from service.api.errors import as_api_error, error_payload
 from service.api.schemas.responses import StreamEnd, StreamToken
-from service.engine.errors import EngineError
 from service.engine.types import EngineEvent, GenerationResult, RequestHandle, TokenEvent
-
-logger = logging.getLogger("service.api.streaming")
 
 DONE = b"data: [DONE]\n\n"
 
@@ -71,15 +67,8 @@ async def generation_events(
 
 
 def failure_event(error: Exception, request_id: str, *, openai: bool = False) -> bytes:
-    """The error event for a stream that failed; only unexpected exceptions are logged here."""
-    if isinstance(error, APIError):
-        failure = error
-    elif isinstance(error, EngineError):
-        failure = from_engine_error(error)
-    else:
-        logger.exception("stream failed")
-        failure = internal_error(request_id)
-    return sse_event(error_payload(failure, openai=openai))
+    """The error event for a stream that failed; only unexpected exceptions are logged (as_api_error)."""
+    return sse_event(error_payload(as_api_error(error, request_id), openai=openai))
 
 
 class EventStreamResponse(StreamingResponse):

@@ -66,3 +66,21 @@ def test_server_errors_are_reported_without_a_traceback(capsys: pytest.CaptureFi
     assert main(["generate", "--model", "no-such-model", "hello"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("pe-client: 404") and "Traceback" not in err
+
+
+def test_every_command_runs_over_grpc(
+    server: LiveServer, client: PEClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert server.grpc_target is not None
+    args = ["--grpc", server.grpc_target, "generate", "--pe", "rope", "--max-new-tokens", "8", PROMPT]
+    assert main(args) == 0
+    expected = client.generate(prompt=PROMPT, pe="rope", max_new_tokens=8, temperature=0)
+    assert capsys.readouterr().out == expected.text
+    assert main(["--grpc", server.grpc_target, "models"]) == 0
+    assert [line.split()[:2] for line in capsys.readouterr().out.splitlines()] == [
+        ["tiny-rope", "rope"],
+        ["tiny-alibi", "alibi"],
+    ]
+    compare = ["--grpc", server.grpc_target, "compare", "--factor", "4", "--max-new-tokens", "4", PROMPT]
+    assert main(compare) == 0
+    assert "prompt ppl" in capsys.readouterr().out

@@ -1,4 +1,7 @@
-"""The SDK against a real pe-serve process: results, streams, early close, and every error a server sends."""
+"""The SDK against a real pe-serve process: results, streams, early close, and every error a server sends.
+
+Every test runs once per protocol (see conftest.py): the HTTP and gRPC clients must behave alike.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ import pytest
 from pe_client import (
     APIConnectionError,
     APITimeoutError,
-    AsyncPEClient,
     AuthenticationError,
     GenerateParams,
     GenerateRequest,
@@ -30,9 +32,19 @@ from pe_client import (
     UnprocessableEntityError,
     YarnScaling,
 )
+from pe_client.grpc import GrpcPEClient
 from pe_client.types import Scheme
 
-from tests.clients.conftest import API_KEY, NATIVE_CONTEXT, SERVER_ENV, SERVER_OPTIONS
+from tests.clients.conftest import (
+    API_KEY,
+    NATIVE_CONTEXT,
+    SERVER_ENV,
+    SERVER_OPTIONS,
+    AsyncClient,
+    ClientFactory,
+    SyncClient,
+    address,
+)
 from tests.live_server import LiveServer, free_port, start_server
 from tests.service.api.helpers import metric_value, wait_for
 
@@ -61,7 +73,7 @@ def server_is_idle(metrics_http: httpx.Client) -> bool:
     return running_requests(metrics_http) == 0 and metric_value(metrics_http, "pe_serve_queue_depth") == 0
 
 
-def test_models_lists_the_resident_models(client: PEClient) -> None:
+def test_models_lists_the_resident_models(client: SyncClient) -> None:
     models = client.models()
     assert [(model.name, model.scheme) for model in models] == [
         ("tiny-rope", "rope"),
@@ -73,7 +85,7 @@ def test_models_lists_the_resident_models(client: PEClient) -> None:
     assert rope.device == "cpu" and rope.dtype == "float32" and rope.parameters > 0
 
 
-def test_generate_reports_the_scaling_it_ran_with(client: PEClient) -> None:
+def test_generate_reports_the_scaling_it_ran_with(client: SyncClient) -> None:
     result = client.generate(**greedy(pe="rope", pe_scaling=YarnScaling(factor=4.0)))
     assert result.model == "tiny-rope"
     assert result.finish_reason == "length"
@@ -84,7 +96,7 @@ def test_generate_reports_the_scaling_it_ran_with(client: PEClient) -> None:
     assert result.pe.attention_factor > 1.0  # YaRN's mscale for factor 4
 
 
-def test_keywords_dicts_and_request_objects_are_the_same_request(client: PEClient) -> None:
+def test_keywords_dicts_and_request_objects_are_the_same_request(client: SyncClient) -> None:
     by_typed_scaling = client.generate(**greedy(pe_scaling=LinearScaling(factor=2.0)))
     with_dict_scaling = greedy()
     with_dict_scaling["pe_scaling"] = {"type": "linear", "factor": 2.0}
@@ -93,7 +105,7 @@ def test_keywords_dicts_and_request_objects_are_the_same_request(client: PEClien
     assert by_dict.tokens == by_typed_scaling.tokens == by_request.tokens
 
 
-def test_stream_yields_the_same_tokens_as_generate(client: PEClient) -> None:
+def test_stream_yields_the_same_tokens_as_generate(client: SyncClient) -> None:
     whole = client.generate(**greedy(pe_scaling=YarnScaling(factor=4.0)))
     with client.generate_stream(**greedy(pe_scaling=YarnScaling(factor=4.0))) as stream:
         events = list(stream)
@@ -105,7 +117,7 @@ def test_stream_yields_the_same_tokens_as_generate(client: PEClient) -> None:
     assert stream.final.pe.scaling == whole.pe.scaling
 
 
-def test_sampling_controls_and_top_logprobs_go_through_the_sdk(client: PEClient) -> None:
+def test_sampling_controls_and_top_logprobs_go_through_the_sdk(client: SyncClient) -> None:
     controls: GenerateParams = {
         "prompt": "ab",
         "max_new_tokens": 6,
@@ -129,7 +141,7 @@ def test_sampling_controls_and_top_logprobs_go_through_the_sdk(client: PEClient)
     assert raised.value.param == "min_p"
 
 
-def test_async_client_generates_and_streams(async_client: AsyncPEClient, client: PEClient) -> None:
+def test_async_client_generates_and_streams(async_client: AsyncClient, client: SyncClient) -> None:
     async def run() -> tuple[list[int], list[int]]:
         async with async_client:
             result = await async_client.generate(**greedy())
@@ -142,7 +154,9 @@ def test_async_client_generates_and_streams(async_client: AsyncPEClient, client:
     assert generated == streamed == client.generate(**greedy()).tokens
 
 
-def test_leaving_a_stream_early_cancels_the_generation(client: PEClient, metrics_http: httpx.Client) -> None:
+def test_leaving_a_stream_early_cancels_the_generation(
+    client: SyncClient, metrics_http: httpx.Client
+) -> None:
     with client.generate_stream(**ENDLESS) as stream:
         first = next(iter(stream))
         assert isinstance(first, StreamToken)
@@ -151,7 +165,7 @@ def test_leaving_a_stream_early_cancels_the_generation(client: PEClient, metrics
     assert client.generate(prompt="a", max_new_tokens=1).usage.completion_tokens == 1
 
 
-def test_score_matches_its_own_perplexity(client: PEClient) -> None:
+def test_score_matches_its_own_perplexity(client: SyncClient) -> None:
     scored = client.score(prompt=PAST_NATIVE, pe_scaling=YarnScaling(factor=4.0))
     assert scored.num_tokens == len(scored.tokens) == len(scored.token_logprobs)
     assert scored.token_logprobs[0] is None
@@ -159,27 +173,29 @@ def test_score_matches_its_own_perplexity(client: PEClient) -> None:
     assert scored.perplexity == pytest.approx(math.exp(-scored.total_logprob / (scored.num_tokens - 1)))
 
 
-def test_score_of_tokens_is_as_given(client: PEClient) -> None:
+def test_score_of_tokens_is_as_given(client: SyncClient) -> None:
     scored = client.score(tokens=[104, 105, 106], model="tiny-alibi")
     assert scored.tokens == [104, 105, 106] and scored.model == "tiny-alibi"
 
 
-def test_health_is_live_and_ready(client: PEClient) -> None:
+def test_health_is_live_and_ready(client: SyncClient) -> None:
     health = client.health()
     assert health.live and health.ready
 
 
 @pytest.mark.parametrize("api_key", ["", "wrong-key"])
-def test_a_missing_or_wrong_key_is_an_authentication_error(server: LiveServer, api_key: str) -> None:
+def test_a_missing_or_wrong_key_is_an_authentication_error(
+    make_client: ClientFactory, server: LiveServer, api_key: str
+) -> None:
     with (
-        PEClient(server.base_url, api_key=api_key) as anonymous,
+        make_client(server, api_key=api_key) as anonymous,
         pytest.raises(AuthenticationError) as caught,
     ):
         anonymous.models()
     assert caught.value.status_code == 401 and caught.value.type
 
 
-def test_unknown_model_is_not_found(client: PEClient) -> None:
+def test_unknown_model_is_not_found(client: SyncClient) -> None:
     with pytest.raises(NotFoundError) as caught:
         client.generate(prompt="a", model="no-such-model")
     assert caught.value.status_code == 404
@@ -195,7 +211,7 @@ def test_unknown_model_is_not_found(client: PEClient) -> None:
     ],
 )
 def test_invalid_requests_are_unprocessable_and_name_the_field(
-    client: PEClient, params: GenerateParams, param: str | None
+    client: SyncClient, params: GenerateParams, param: str | None
 ) -> None:
     with pytest.raises(UnprocessableEntityError) as caught:
         client.generate(**params)
@@ -204,13 +220,13 @@ def test_invalid_requests_are_unprocessable_and_name_the_field(
         assert caught.value.param is not None and caught.value.param.startswith(param)
 
 
-def test_oversized_body_is_payload_too_large(client: PEClient) -> None:
+def test_oversized_body_is_payload_too_large(client: SyncClient) -> None:
     with pytest.raises(PayloadTooLargeError):
         client.score(prompt="a" * (1 << 20))
 
 
 @pytest.fixture
-def full_server(client: PEClient, metrics_http: httpx.Client) -> Iterator[ExitStack]:
+def full_server(client: SyncClient, metrics_http: httpx.Client) -> Iterator[ExitStack]:
     """The one batch slot and the one queue place taken by endless streams; close the stack to free them."""
     with ExitStack() as streams:
         streams.enter_context(client.generate_stream(**ENDLESS))
@@ -222,16 +238,16 @@ def full_server(client: PEClient, metrics_http: httpx.Client) -> Iterator[ExitSt
 
 
 def test_full_queue_is_a_rate_limit_error_with_retry_after(
-    server: LiveServer, full_server: ExitStack
+    make_client: ClientFactory, server: LiveServer, full_server: ExitStack
 ) -> None:
-    impatient = PEClient(server.base_url, api_key=API_KEY, max_retries=0)
+    impatient = make_client(server, api_key=API_KEY, max_retries=0)
     with impatient, pytest.raises(RateLimitError) as caught:
         impatient.generate(prompt="a", max_new_tokens=1)
-    assert float(caught.value.response.headers["retry-after"]) >= 1
+    assert float(caught.value.headers["retry-after"]) >= 1
 
 
 def test_full_queue_is_retried_after_the_servers_retry_after(
-    server: LiveServer, full_server: ExitStack, metrics_http: httpx.Client
+    make_client: ClientFactory, server: LiveServer, full_server: ExitStack, metrics_http: httpx.Client
 ) -> None:
     """The injected sleep frees the server instead of waiting, so the retry finds room."""
     waits: list[float] = []
@@ -241,31 +257,33 @@ def test_full_queue_is_retried_after_the_servers_retry_after(
         full_server.close()
         wait_for(lambda: server_is_idle(metrics_http), "the streams to be cancelled")
 
-    with PEClient(server.base_url, api_key=API_KEY, max_retries=5, sleep=free_the_queue) as patient:
+    with make_client(server, api_key=API_KEY, max_retries=5, sleep=free_the_queue) as patient:
         result = patient.generate(prompt="a", max_new_tokens=1)
     assert result.usage.completion_tokens == 1
     assert waits and waits[0] >= 1 and waits[0] == int(waits[0])  # Retry-After's whole seconds
 
 
-def test_unreachable_server_is_a_connection_error() -> None:
+def test_unreachable_server_is_a_connection_error(protocol: str) -> None:
+    nowhere_at = address(protocol, free_port())
+    client_class = GrpcPEClient if protocol == "grpc" else PEClient
     with (
-        PEClient(f"http://127.0.0.1:{free_port()}", max_retries=0) as nowhere,
+        client_class(nowhere_at, max_retries=0) as nowhere,
         pytest.raises(APIConnectionError),
     ):
         nowhere.models()
 
 
-def test_slow_answer_is_a_timeout_error(server: LiveServer) -> None:
-    hasty = PEClient(server.base_url, api_key=API_KEY, timeout=0.05, max_retries=0)
+def test_slow_answer_is_a_timeout_error(make_client: ClientFactory, server: LiveServer) -> None:
+    hasty = make_client(server, api_key=API_KEY, timeout=0.05, max_retries=0)
     with hasty, pytest.raises(APITimeoutError):
         hasty.generate(**ENDLESS)
 
 
-def test_draining_server_is_unavailable(sdk_models: list[Path]) -> None:
+def test_draining_server_is_unavailable(make_client: ClientFactory, sdk_models: list[Path]) -> None:
     options = {**SERVER_OPTIONS, "max_queue": 4}
     draining = start_server(sdk_models[:1], options=options, env=SERVER_ENV)
     try:
-        sdk = PEClient(draining.base_url, api_key=API_KEY, max_retries=0)
+        sdk = make_client(draining, api_key=API_KEY, max_retries=0)
         with sdk, sdk.generate_stream(**ENDLESS) as stream:
             next(iter(stream))
             draining.send_signal(signal.SIGTERM)

@@ -60,7 +60,7 @@ class RetryPolicy:
         if isinstance(error, APIStatusError):
             if error.status_code not in RETRYABLE_STATUSES:
                 raise error
-            retry_after = parse_retry_after(error.response.headers.get("retry-after"))
+            retry_after = parse_retry_after(error.headers.get("retry-after"))
             if retry_after is not None and 0 <= retry_after <= self.max_retry_after_s:
                 return retry_after
         backoff = min(self.initial_delay_s * 2.0**retries_taken, self.max_delay_s)

@@ -3,6 +3,7 @@
 pe-client generate --pe rope --scaling yarn --factor 4 "def fib(n):"
 pe-client compare --pe rope --scalings none,linear,ntk,yarn --factor 4 "def fib(n):"
 pe-client models
+pe-client --grpc 127.0.0.1:50051 models      # any command over gRPC (pe-client[grpc])
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 from pydantic import ValidationError
 
@@ -31,6 +32,9 @@ from pe_client.types import (
     ScoreResponse,
     StreamToken,
 )
+
+if TYPE_CHECKING:
+    from pe_client.grpc import AsyncGrpcPEClient, GrpcPEClient
 
 COLUMN_GAP = " | "
 
@@ -49,6 +53,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pe-client {__version__}")
     parser.add_argument("--url", help="server URL (default: $PE_SERVE_URL or http://127.0.0.1:8000)")
     parser.add_argument("--api-key", help="API key (default: $PE_SERVE_API_KEY)")
+    parser.add_argument(
+        "--grpc",
+        metavar="HOST:PORT",
+        default=None,
+        help="talk gRPC to this target instead of HTTP (pe-client[grpc])",
+    )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     generate = commands.add_parser("generate", help="stream one generation to the terminal")
@@ -74,6 +84,23 @@ def _parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="list the resident models")
     models.set_defaults(run=_run_models)
     return parser
+
+
+def _client(args: argparse.Namespace) -> PEClient | GrpcPEClient:
+    """The HTTP client, or with `--grpc` the gRPC one (imported only then: it needs the extra)."""
+    if args.grpc is None:
+        return PEClient(args.url, api_key=args.api_key)
+    from pe_client.grpc import GrpcPEClient
+
+    return GrpcPEClient(args.grpc, api_key=args.api_key)
+
+
+def _async_client(args: argparse.Namespace) -> AsyncPEClient | AsyncGrpcPEClient:
+    if args.grpc is None:
+        return AsyncPEClient(args.url, api_key=args.api_key)
+    from pe_client.grpc import AsyncGrpcPEClient
+
+    return AsyncGrpcPEClient(args.grpc, api_key=args.api_key)
 
 
 def _add_generation_options(parser: argparse.ArgumentParser) -> None:
@@ -129,7 +156,7 @@ def _generate_request(args: argparse.Namespace, scaling: PEScaling | None) -> Ge
 def _run_generate(args: argparse.Namespace) -> int:
     scaling = _scaling(args.scaling, args) if args.scaling else None
     with (
-        PEClient(args.url, api_key=args.api_key) as client,
+        _client(args) as client,
         client.generate_stream(_generate_request(args, scaling)) as stream,
     ):
         for event in stream:
@@ -157,7 +184,7 @@ class _Column:
 
 async def _compare(args: argparse.Namespace, scalings: list[PEScaling]) -> list[_Column]:
     """All scalings at once: the server batches them, which is the point of per-request scaling."""
-    async with AsyncPEClient(args.url, api_key=args.api_key) as client:
+    async with _async_client(args) as client:
 
         async def run(scaling: PEScaling) -> _Column:
             request = _generate_request(args, scaling)
@@ -218,7 +245,7 @@ def _wrap(text: str, width: int) -> list[str]:
 
 
 def _run_models(args: argparse.Namespace) -> int:
-    with PEClient(args.url, api_key=args.api_key) as client:
+    with _client(args) as client:
         for model in client.models():
             print(
                 f"{model.name:<24} {model.scheme:<11} native {model.native_context:<6} "

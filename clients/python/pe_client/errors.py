@@ -1,10 +1,15 @@
 """The exceptions the SDK raises: one base class, one class per HTTP status family.
 
 Callers catch by meaning (`RateLimitError`, `UnprocessableEntityError`) rather than by inspecting
-status codes; every status error still carries the server's `type`, `message` and `param`.
+status codes; every status error still carries the server's `type`, `message` and `param`. The
+gRPC client raises the same classes: a gRPC status is classed by the HTTP status it stands for
+(INVALID_ARGUMENT is a 422, RESOURCE_EXHAUSTED with `retry-after` a 429, ...), and then `request`
+and `response` are None while `grpc_code` names the gRPC code.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import httpx
 
@@ -16,7 +21,7 @@ class PEServeError(Exception):
 class APIError(PEServeError):
     """An error tied to one request to the server."""
 
-    def __init__(self, message: str, *, request: httpx.Request) -> None:
+    def __init__(self, message: str, *, request: httpx.Request | None) -> None:
         super().__init__(message)
         self.message = message
         self.request = request
@@ -25,14 +30,14 @@ class APIError(PEServeError):
 class APIConnectionError(APIError):
     """The server could not be reached, or the connection broke before an answer."""
 
-    def __init__(self, *, request: httpx.Request, message: str = "Connection error.") -> None:
+    def __init__(self, *, request: httpx.Request | None, message: str = "Connection error.") -> None:
         super().__init__(message, request=request)
 
 
 class APITimeoutError(APIConnectionError):
     """The request ran past the client's timeout."""
 
-    def __init__(self, *, request: httpx.Request) -> None:
+    def __init__(self, *, request: httpx.Request | None) -> None:
         super().__init__(request=request, message="Request timed out.")
 
 
@@ -43,13 +48,20 @@ class APIStatusError(APIError):
         self,
         message: str,
         *,
-        response: httpx.Response,
+        response: httpx.Response | None,
         error_type: str | None = None,
         param: str | None = None,
+        status_code: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        grpc_code: str | None = None,
     ) -> None:
-        super().__init__(message, request=response.request)
+        """HTTP errors pass `response`; gRPC errors `status_code`, `headers` (the trailing metadata)
+        and `grpc_code`."""
+        super().__init__(message, request=response.request if response is not None else None)
         self.response = response
-        self.status_code = response.status_code
+        self.status_code = response.status_code if response is not None else (status_code or 0)
+        self.headers: Mapping[str, str] = response.headers if response is not None else dict(headers or {})
+        self.grpc_code = grpc_code
         self.type = error_type
         self.param = param
 
@@ -94,7 +106,7 @@ class APIStreamError(APIError):
     """The server reported an error in the middle of a stream (the HTTP status was already 200)."""
 
     def __init__(
-        self, message: str, *, request: httpx.Request, error_type: str | None, param: str | None
+        self, message: str, *, request: httpx.Request | None, error_type: str | None, param: str | None
     ) -> None:
         super().__init__(message, request=request)
         self.type = error_type

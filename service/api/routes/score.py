@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 
-from service.api.convert import json_response
+from service.api.convert import json_response, score_response
 from service.api.deps import EngineDep, require_json
 from service.api.handles import ClientDisconnectedError, final_result
 from service.api.inputs import prepare_input
@@ -45,13 +44,4 @@ async def score(
         result = await final_result(handle, ScoreResult, request.receive)
     except ClientDisconnectedError:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    predicted = len(result.tokens) - 1
-    response = ScoreResponse(
-        model=job.model,
-        tokens=list(result.tokens),
-        token_logprobs=list(result.token_logprobs),
-        total_logprob=result.total_logprob,
-        perplexity=math.exp(-result.total_logprob / predicted),
-        num_tokens=len(result.tokens),
-    )
-    return json_response(response)
+    return json_response(score_response(job.model, result))

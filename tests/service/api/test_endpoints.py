@@ -175,7 +175,7 @@ def test_metrics_expose_every_spec_metric(client: httpx.Client) -> None:
         "pe_cache_bytes",
     ):
         assert f"# HELP {name} " in text, name
-    assert 'pe_serve_requests_total{endpoint="/generate",status="200"}' in text
+    assert 'pe_serve_requests_total{endpoint="/generate",protocol="http",status="200"}' in text
     assert metric_value(client, "pe_serve_time_to_first_token_seconds_count") > 0
     assert metric_value(client, "pe_serve_generated_tokens_total") > 0
 

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 import uvicorn
@@ -24,6 +25,7 @@ from service.engine.types import EngineEvent, GenerationRequest, RequestHandle, 
 from service.settings import Settings
 from tests.live_server import free_port
 from tests.service.api.helpers import DONE, assert_error_shape, sse_data, wait_for
+from tests.service.grpc.helpers import assert_status, generate, stream, trailing
 
 PLANTED_PROMPT = "raise please"
 PLANTED_DETAIL = "/srv/secret/engine_internals.py"
@@ -67,9 +69,9 @@ class FaultyEngine(InferenceEngine):
 
 
 @contextmanager
-def in_process_server(checkpoint: Path) -> Iterator[httpx.Client]:
+def in_process_server(checkpoint: Path, grpc_port: int) -> Iterator[httpx.Client]:
     engine = FaultyEngine.from_model_dirs([checkpoint], device="cpu", dtype="float32", max_context=256)
-    app = create_app(Settings(warmup=False), engine)
+    app = create_app(Settings(warmup=False, grpc_port=grpc_port), engine)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
@@ -93,8 +95,13 @@ def in_process_server(checkpoint: Path) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture(scope="module")
-def faulty(tiny_checkpoints: dict[str, Path]) -> Iterator[httpx.Client]:
-    with in_process_server(tiny_checkpoints["rope"]) as client:
+def faulty_grpc_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def faulty(tiny_checkpoints: dict[str, Path], faulty_grpc_port: int) -> Iterator[httpx.Client]:
+    with in_process_server(tiny_checkpoints["rope"], faulty_grpc_port) as client:
         yield client
 
 
@@ -124,3 +131,25 @@ def test_a_failure_after_streaming_began_is_an_error_event(faulty: httpx.Client)
     assert failure["error"]["type"] == "request_failed"
     assert set(failure["error"]) == {"type", "message", "param"}
     assert DONE not in events
+
+
+def test_over_grpc_a_bug_is_internal_with_the_request_id_and_a_failure_keeps_its_type(
+    faulty: httpx.Client, faulty_grpc_port: int
+) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{faulty_grpc_port}") as channel:
+        with pytest.raises(grpc.RpcError) as bug:
+            generate(channel, {"prompt": PLANTED_PROMPT, "request_id": "grpc-bug-1"}, timeout=30)
+        metadata = assert_status(bug.value, grpc.StatusCode.INTERNAL)
+        assert (
+            metadata["pe-serve-error-type"] == "internal_error" and metadata["x-request-id"] == "grpc-bug-1"
+        )
+        assert "grpc-bug-1" in (bug.value.details() or "") and PLANTED_DETAIL not in (
+            bug.value.details() or ""
+        )
+        call = stream(channel, {"prompt": "a", "max_new_tokens": 8, "seed": 13}, timeout=30)
+        assert next(call).HasField("token")
+        with pytest.raises(grpc.RpcError) as failed:
+            list(call)
+        assert trailing(failed.value)["pe-serve-error-type"] == "request_failed"
+        assert failed.value.code() is grpc.StatusCode.INTERNAL
+        assert generate(channel, {"prompt": "fine", "max_new_tokens": 2}, timeout=30)[-1].HasField("end")

@@ -59,7 +59,17 @@ def test_sigterm_lets_the_running_request_finish_and_exits_zero(tiny_zoo: list[P
 
 def test_a_server_that_cannot_load_its_models_exits_non_zero(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-checkpoint"
-    command = [sys.executable, "-m", "service", "--port", "0", "--model-dir", str(missing)]
+    command = [
+        sys.executable,
+        "-m",
+        "service",
+        "--port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--model-dir",
+        str(missing),
+    ]
     finished = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert finished.returncode == 1
     failure = next(

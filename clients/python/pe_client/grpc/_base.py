@@ -1,0 +1,176 @@
+"""What the sync and async gRPC clients share: configuration, messages, errors and stream state.
+
+Arguments are checked and filled by the HTTP client's own request models (`build_body`), retries
+follow the same `RetryPolicy` (UNAVAILABLE and RESOURCE_EXHAUSTED are its 503 and 429, and the
+server's `retry-after` metadata is its `Retry-After` header), and errors are the same classes.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+
+from pe_client._base import RetryPolicy, build_body
+from pe_client._version import __version__
+from pe_client.errors import APIConnectionError, APIError, APITimeoutError, status_error_class
+from pe_client.grpc import pe_serve_pb2 as pb
+from pe_client.grpc._codec import request_message, response_fields
+from pe_client.types import (
+    GenerateParams,
+    GenerateRequest,
+    GenerateResponse,
+    ModelInfo,
+    ScoreParams,
+    ScoreRequest,
+    ScoreResponse,
+    StreamEnd,
+    StreamEvent,
+    StreamToken,
+)
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+DEFAULT_TIMEOUT_S = 60.0
+SERVICE = pb.DESCRIPTOR.services_by_name["PEServe"].full_name
+ERROR_TYPE_KEY = "pe-serve-error-type"
+PARAM_KEY = "pe-serve-param"
+RETRY_AFTER_KEY = "retry-after"
+
+# The HTTP status each gRPC code stands for, which picks the exception class (and retryability).
+_HTTP_STATUS: Mapping[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: 422,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+}
+_PAYLOAD_TOO_LARGE = 413
+
+
+def method(name: str) -> str:
+    return f"/{SERVICE}/{name}"
+
+
+def rpc_error(error: grpc.RpcError) -> APIError:
+    """The SDK's exception for a failed call.
+
+    UNAVAILABLE without pe-serve's metadata never reached the service (no connection): a
+    connection error. RESOURCE_EXHAUSTED without `retry-after` is gRPC's own message size limit,
+    not a full queue: the 413 class, which is not retried.
+    """
+    code = error.code()
+    metadata = {key: value for key, value in (error.trailing_metadata() or ()) if isinstance(value, str)}
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return APITimeoutError(request=None)
+    if code is grpc.StatusCode.UNAVAILABLE and ERROR_TYPE_KEY not in metadata:
+        return APIConnectionError(request=None, message=f"Connection error: {error.details()}")
+    status = _HTTP_STATUS.get(code, 500)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and RETRY_AFTER_KEY not in metadata:
+        status = _PAYLOAD_TOO_LARGE
+    return status_error_class(status)(
+        error.details() or code.name,
+        response=None,
+        status_code=status,
+        headers=metadata,
+        error_type=metadata.get(ERROR_TYPE_KEY),
+        param=metadata.get(PARAM_KEY),
+        grpc_code=code.name,
+    )
+
+
+class BaseGrpcClient:
+    """Settings and message construction common to `GrpcPEClient` and `AsyncGrpcPEClient`."""
+
+    def __init__(
+        self, *, target: str | None, api_key: str | None, timeout: float | None, max_retries: int
+    ) -> None:
+        self.target = target or os.environ.get("PE_SERVE_GRPC_TARGET") or DEFAULT_TARGET
+        self.api_key = api_key if api_key is not None else os.environ.get("PE_SERVE_API_KEY")
+        self.timeout = timeout
+        self.retry_policy = RetryPolicy(max_retries=max_retries)
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()
+
+
+def serialize(message: Any) -> bytes:
+    data: bytes = message.SerializeToString()
+    return data
+
+
+def channel_options() -> list[tuple[str, Any]]:
+    return [("grpc.primary_user_agent", f"pe-client/{__version__}")]
+
+
+def generate_message(
+    request: GenerateRequest | None, params: GenerateParams, request_id: str | None
+) -> pb.GenerateRequest:
+    """The message for a generation; the request id is chosen here when not given, so it is known at once."""
+    body = build_body(GenerateRequest, request, params)
+    body.pop("stream", None)
+    return request_message(
+        pb.GenerateRequest, {**body, "request_id": request_id or f"gen-{uuid.uuid4().hex}"}
+    )
+
+
+def score_message(
+    request: ScoreRequest | None, params: ScoreParams, request_id: str | None
+) -> pb.ScoreRequest:
+    body = build_body(ScoreRequest, request, params)
+    return request_message(pb.ScoreRequest, {**body, "request_id": request_id or f"score-{uuid.uuid4().hex}"})
+
+
+def score_response(message: pb.ScoreResponse) -> ScoreResponse:
+    """As `/score` answers: `token_logprobs` gets its leading None back."""
+    fields = response_fields(message)
+    fields["token_logprobs"] = [None, *fields["token_logprobs"]]
+    return ScoreResponse.model_validate(fields)
+
+
+def model_list(message: pb.ListModelsResponse) -> list[ModelInfo]:
+    return [ModelInfo.model_validate(response_fields(card)) for card in message.models]
+
+
+class GrpcStreamState:
+    """What both stream kinds accumulate: the tokens, text and logprobs so far, and the final event."""
+
+    def __init__(self, message: pb.GenerateRequest) -> None:
+        self.request_id = message.request_id
+        self.text = ""
+        self.tokens: list[int] = []
+        self.logprobs: list[float] | None = [] if message.logprobs else None
+        self.final: StreamEnd | None = None
+
+    def _accept(self, response: pb.GenerateResponse) -> StreamEvent:
+        if response.HasField("end"):
+            self.final = StreamEnd.model_validate(response_fields(response.end))
+            return self.final
+        token = StreamToken.model_validate(response_fields(response.token))
+        self.text += token.text
+        self.tokens.append(token.token)
+        if self.logprobs is not None and token.logprob is not None:
+            self.logprobs.append(token.logprob)
+        return token
+
+    def result(self) -> GenerateResponse:
+        """The whole generation, as `generate()` returns it over HTTP; only once the stream ended."""
+        if self.final is None:
+            raise APIConnectionError(request=None, message="The stream ended before its final message.")
+        return GenerateResponse(
+            id=self.final.id,
+            model=self.final.model,
+            text=self.text,
+            tokens=self.tokens,
+            logprobs=self.logprobs,
+            finish_reason=self.final.finish_reason,
+            usage=self.final.usage,
+            pe=self.final.pe,
+            timing=self.final.timing,
+        )

@@ -1,0 +1,241 @@
+"""The asyncio gRPC client: the same methods as `GrpcPEClient`, awaitable."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from types import TracebackType
+from typing import Any, Self, Unpack
+
+import grpc
+
+from pe_client._base import DEFAULT_MAX_RETRIES
+from pe_client.errors import APIError
+from pe_client.grpc import pe_serve_pb2 as pb
+from pe_client.grpc._base import (
+    DEFAULT_TIMEOUT_S,
+    BaseGrpcClient,
+    GrpcStreamState,
+    channel_options,
+    generate_message,
+    method,
+    model_list,
+    rpc_error,
+    score_message,
+    score_response,
+    serialize,
+)
+from pe_client.grpc._health import HEALTH_CHECK, health_request, health_result, parse_health
+from pe_client.types import (
+    GenerateParams,
+    GenerateRequest,
+    GenerateResponse,
+    Health,
+    ModelInfo,
+    ScoreParams,
+    ScoreRequest,
+    ScoreResponse,
+    StreamEvent,
+)
+
+OpenCall = Callable[[], Awaitable[Any]]
+
+
+class AsyncGrpcStream(GrpcStreamState):
+    """Async twin of `GrpcStream`; `async with client.generate_stream(...) as stream:`."""
+
+    def __init__(self, message: pb.GenerateRequest, open_call: OpenCall) -> None:
+        super().__init__(message)
+        self._open_call = open_call
+        self._call: Any = None
+        self._events: AsyncIterator[StreamEvent] | None = None
+
+    async def _opened(self) -> Any:
+        if self._call is None:
+            self._call = await self._open_call()
+        return self._call
+
+    async def __aenter__(self) -> Self:
+        await self._opened()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if self._events is None:
+            self._events = self._read_events()
+        return await anext(self._events)
+
+    async def _read_events(self) -> AsyncIterator[StreamEvent]:
+        call = await self._opened()
+        try:
+            while (response := await call.read()) is not grpc.aio.EOF:
+                yield self._accept(response)
+        except grpc.RpcError as exc:
+            raise rpc_error(exc) from None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Cancel the call if it is still running; safe to call more than once."""
+        if self._call is not None:
+            self._call.cancel()
+
+    cancel = close
+
+
+class AsyncGrpcPEClient(BaseGrpcClient):
+    """Non-blocking gRPC client for pe-serve; see `GrpcPEClient` for the arguments.
+
+    The channel belongs to the event loop it is first used on, like any `grpc.aio` channel.
+    """
+
+    def __init__(
+        self,
+        target: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        channel: grpc.aio.Channel | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        super().__init__(target=target, api_key=api_key, timeout=timeout, max_retries=max_retries)
+        self._owns_channel = channel is None
+        self._channel = channel
+        self._sleep = sleep
+        self._stubs: _Stubs | None = None
+
+    def _stub(self) -> _Stubs:
+        """The method stubs, made on first use: a `grpc.aio` channel must be made in a running loop."""
+        if self._stubs is None:
+            if self._channel is None:
+                self._channel = grpc.aio.insecure_channel(self.target, channel_options())
+            self._stubs = _Stubs(self._channel)
+        return self._stubs
+
+    async def generate(
+        self,
+        request: GenerateRequest | None = None,
+        /,
+        *,
+        request_id: str | None = None,
+        **params: Unpack[GenerateParams],
+    ) -> GenerateResponse:
+        """Generate a completion and wait for all of it."""
+        async with self.generate_stream(request, request_id=request_id, **params) as stream:
+            async for _ in stream:
+                pass
+        return stream.result()
+
+    def generate_stream(
+        self,
+        request: GenerateRequest | None = None,
+        /,
+        *,
+        request_id: str | None = None,
+        **params: Unpack[GenerateParams],
+    ) -> AsyncGrpcStream:
+        """Stream a completion; the call starts when the stream is entered or iterated."""
+        message = generate_message(request, params, request_id)
+        return AsyncGrpcStream(message, lambda: self._open_stream(message))
+
+    async def score(
+        self,
+        request: ScoreRequest | None = None,
+        /,
+        *,
+        request_id: str | None = None,
+        **params: Unpack[ScoreParams],
+    ) -> ScoreResponse:
+        """Log-probability of every token of a text given its prefix, and the perplexity."""
+        return score_response(
+            await self._unary(self._stub().score, score_message(request, params, request_id))
+        )
+
+    async def models(self) -> list[ModelInfo]:
+        """The resident models, in load order."""
+        return model_list(await self._unary(self._stub().list_models, pb.ListModelsRequest()))
+
+    async def cancel(self, request_id: str) -> None:
+        """Stop a running generation or scoring (`Abort`); its stream then raises with CANCELLED."""
+        await self._unary(self._stub().abort, pb.AbortRequest(request_id=request_id))
+
+    async def health(self) -> Health:
+        """One `grpc.health.v1` check of the service, no retries: ready means SERVING."""
+        try:
+            response = await self._stub().health(
+                health_request(), metadata=self._metadata(), timeout=self.timeout
+            )
+        except grpc.RpcError as exc:
+            raise rpc_error(exc) from None
+        return health_result(response)
+
+    async def close(self) -> None:
+        if self._owns_channel and self._channel is not None:
+            await self._channel.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _unary(self, stub: Any, message: Any) -> Any:
+        retries_taken = 0
+        while True:
+            error: APIError
+            try:
+                return await stub(message, metadata=self._metadata(), timeout=self.timeout)
+            except grpc.RpcError as exc:
+                error = rpc_error(exc)
+            await self._sleep(self.retry_policy.delay_or_raise(retries_taken, error))
+            retries_taken += 1
+
+    async def _open_stream(self, message: pb.GenerateRequest) -> Any:
+        """Start the call under the retry policy; see `GrpcPEClient._open_stream`."""
+        retries_taken = 0
+        while True:
+            call = self._stub().generate(message, metadata=self._metadata(), timeout=self.timeout)
+            await call.initial_metadata()
+            if not call.done() or await call.code() is grpc.StatusCode.OK:
+                return call
+            try:
+                await call.read()  # raises the call's failure
+            except grpc.RpcError as exc:
+                error: APIError = rpc_error(exc)
+            await self._sleep(self.retry_policy.delay_or_raise(retries_taken, error))
+            retries_taken += 1
+
+
+class _Stubs:
+    """One callable per method, on one channel."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.generate = channel.unary_stream(
+            method("Generate"),
+            request_serializer=serialize,
+            response_deserializer=pb.GenerateResponse.FromString,
+        )
+        self.score = channel.unary_unary(
+            method("Score"), request_serializer=serialize, response_deserializer=pb.ScoreResponse.FromString
+        )
+        self.list_models = channel.unary_unary(
+            method("ListModels"),
+            request_serializer=serialize,
+            response_deserializer=pb.ListModelsResponse.FromString,
+        )
+        self.abort = channel.unary_unary(
+            method("Abort"), request_serializer=serialize, response_deserializer=pb.AbortResponse.FromString
+        )
+        self.health = channel.unary_unary(
+            HEALTH_CHECK, request_serializer=serialize, response_deserializer=parse_health
+        )

@@ -1,0 +1,267 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PEScaling(_message.Message):
+    __slots__ = ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
+    NONE_FIELD_NUMBER: _ClassVar[int]
+    LINEAR_FIELD_NUMBER: _ClassVar[int]
+    NTK_FIELD_NUMBER: _ClassVar[int]
+    DYNAMIC_FIELD_NUMBER: _ClassVar[int]
+    YARN_FIELD_NUMBER: _ClassVar[int]
+    LLAMA3_FIELD_NUMBER: _ClassVar[int]
+    LONGROPE_FIELD_NUMBER: _ClassVar[int]
+    none: NoScaling
+    linear: LinearScaling
+    ntk: NTKScaling
+    dynamic: DynamicScaling
+    yarn: YarnScaling
+    llama3: Llama3Scaling
+    longrope: LongRopeScaling
+    def __init__(self, none: _Optional[_Union[NoScaling, _Mapping]] = ..., linear: _Optional[_Union[LinearScaling, _Mapping]] = ..., ntk: _Optional[_Union[NTKScaling, _Mapping]] = ..., dynamic: _Optional[_Union[DynamicScaling, _Mapping]] = ..., yarn: _Optional[_Union[YarnScaling, _Mapping]] = ..., llama3: _Optional[_Union[Llama3Scaling, _Mapping]] = ..., longrope: _Optional[_Union[LongRopeScaling, _Mapping]] = ...) -> None: ...
+
+class NoScaling(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LinearScaling(_message.Message):
+    __slots__ = ("factor",)
+    FACTOR_FIELD_NUMBER: _ClassVar[int]
+    factor: float
+    def __init__(self, factor: _Optional[float] = ...) -> None: ...
+
+class NTKScaling(_message.Message):
+    __slots__ = ("factor",)
+    FACTOR_FIELD_NUMBER: _ClassVar[int]
+    factor: float
+    def __init__(self, factor: _Optional[float] = ...) -> None: ...
+
+class DynamicScaling(_message.Message):
+    __slots__ = ("factor", "original_max_position_embeddings", "dynamic_mode")
+    FACTOR_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_MAX_POSITION_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    DYNAMIC_MODE_FIELD_NUMBER: _ClassVar[int]
+    factor: float
+    original_max_position_embeddings: int
+    dynamic_mode: str
+    def __init__(self, factor: _Optional[float] = ..., original_max_position_embeddings: _Optional[int] = ..., dynamic_mode: _Optional[str] = ...) -> None: ...
+
+class YarnScaling(_message.Message):
+    __slots__ = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
+    FACTOR_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_MAX_POSITION_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    BETA_FAST_FIELD_NUMBER: _ClassVar[int]
+    BETA_SLOW_FIELD_NUMBER: _ClassVar[int]
+    MSCALE_FIELD_NUMBER: _ClassVar[int]
+    MSCALE_ALL_DIM_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float
+    beta_slow: float
+    mscale: float
+    mscale_all_dim: float
+    attention_factor: float
+    truncate: bool
+    def __init__(self, factor: _Optional[float] = ..., original_max_position_embeddings: _Optional[int] = ..., beta_fast: _Optional[float] = ..., beta_slow: _Optional[float] = ..., mscale: _Optional[float] = ..., mscale_all_dim: _Optional[float] = ..., attention_factor: _Optional[float] = ..., truncate: _Optional[bool] = ...) -> None: ...
+
+class Llama3Scaling(_message.Message):
+    __slots__ = ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor")
+    FACTOR_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_MAX_POSITION_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    LOW_FREQ_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    HIGH_FREQ_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    factor: float
+    original_max_position_embeddings: int
+    low_freq_factor: float
+    high_freq_factor: float
+    def __init__(self, factor: _Optional[float] = ..., original_max_position_embeddings: _Optional[int] = ..., low_freq_factor: _Optional[float] = ..., high_freq_factor: _Optional[float] = ...) -> None: ...
+
+class LongRopeScaling(_message.Message):
+    __slots__ = ("short_factor", "long_factor", "original_max_position_embeddings", "factor", "attention_factor")
+    SHORT_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    LONG_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_MAX_POSITION_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    FACTOR_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    short_factor: _containers.RepeatedScalarFieldContainer[float]
+    long_factor: _containers.RepeatedScalarFieldContainer[float]
+    original_max_position_embeddings: int
+    factor: float
+    attention_factor: float
+    def __init__(self, short_factor: _Optional[_Iterable[float]] = ..., long_factor: _Optional[_Iterable[float]] = ..., original_max_position_embeddings: _Optional[int] = ..., factor: _Optional[float] = ..., attention_factor: _Optional[float] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("prompt", "tokens", "model", "pe", "pe_scaling", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "logprobs", "request_id")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PE_FIELD_NUMBER: _ClassVar[int]
+    PE_SCALING_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    prompt: str
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    model: str
+    pe: str
+    pe_scaling: PEScaling
+    max_new_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    logprobs: bool
+    request_id: str
+    def __init__(self, prompt: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ..., pe: _Optional[str] = ..., pe_scaling: _Optional[_Union[PEScaling, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., logprobs: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("token", "end")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    token: TokenChunk
+    end: GenerateEnd
+    def __init__(self, token: _Optional[_Union[TokenChunk, _Mapping]] = ..., end: _Optional[_Union[GenerateEnd, _Mapping]] = ...) -> None: ...
+
+class TokenChunk(_message.Message):
+    __slots__ = ("token", "text", "logprob")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token: int
+    text: str
+    logprob: float
+    def __init__(self, token: _Optional[int] = ..., text: _Optional[str] = ..., logprob: _Optional[float] = ...) -> None: ...
+
+class GenerateEnd(_message.Message):
+    __slots__ = ("id", "model", "finish_reason", "usage", "pe", "timing")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    PE_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    model: str
+    finish_reason: str
+    usage: Usage
+    pe: PEBlock
+    timing: Timing
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., pe: _Optional[_Union[PEBlock, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
+
+class PEBlock(_message.Message):
+    __slots__ = ("scheme", "scaling", "attention_factor", "native_context", "max_context")
+    SCHEME_FIELD_NUMBER: _ClassVar[int]
+    SCALING_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    scheme: str
+    scaling: PEScaling
+    attention_factor: float
+    native_context: int
+    max_context: int
+    def __init__(self, scheme: _Optional[str] = ..., scaling: _Optional[_Union[PEScaling, _Mapping]] = ..., attention_factor: _Optional[float] = ..., native_context: _Optional[int] = ..., max_context: _Optional[int] = ...) -> None: ...
+
+class Timing(_message.Message):
+    __slots__ = ("queue_ms", "prefill_ms", "decode_ms")
+    QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_MS_FIELD_NUMBER: _ClassVar[int]
+    queue_ms: float
+    prefill_ms: float
+    decode_ms: float
+    def __init__(self, queue_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ...) -> None: ...
+
+class ScoreRequest(_message.Message):
+    __slots__ = ("prompt", "tokens", "model", "pe", "pe_scaling", "request_id")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PE_FIELD_NUMBER: _ClassVar[int]
+    PE_SCALING_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    prompt: str
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    model: str
+    pe: str
+    pe_scaling: PEScaling
+    request_id: str
+    def __init__(self, prompt: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ..., pe: _Optional[str] = ..., pe_scaling: _Optional[_Union[PEScaling, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ScoreResponse(_message.Message):
+    __slots__ = ("id", "model", "tokens", "token_logprobs", "total_logprob", "perplexity", "num_tokens")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    PERPLEXITY_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    model: str
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    token_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    total_logprob: float
+    perplexity: float
+    num_tokens: int
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., token_logprobs: _Optional[_Iterable[float]] = ..., total_logprob: _Optional[float] = ..., perplexity: _Optional[float] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelCard(_message.Message):
+    __slots__ = ("name", "scheme", "native_context", "max_context", "supported_scalings", "parameters", "device", "dtype")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCHEME_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_SCALINGS_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    scheme: str
+    native_context: int
+    max_context: int
+    supported_scalings: _containers.RepeatedScalarFieldContainer[str]
+    parameters: int
+    device: str
+    dtype: str
+    def __init__(self, name: _Optional[str] = ..., scheme: _Optional[str] = ..., native_context: _Optional[int] = ..., max_context: _Optional[int] = ..., supported_scalings: _Optional[_Iterable[str]] = ..., parameters: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelCard]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelCard, _Mapping]]] = ...) -> None: ...
+
+class AbortRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class AbortResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

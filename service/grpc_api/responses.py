@@ -1,0 +1,52 @@
+"""Engine results -> protobuf responses, through the HTTP layer's response models.
+
+Going through `service.api.convert` keeps one definition of every derived value (finish reason,
+perplexity, the resolved `pe` block), so the two protocols cannot disagree about them.
+"""
+
+from __future__ import annotations
+
+from service.api.convert import finish_reason, model_card, pe_block, score_response, timing_block, usage
+from service.engine.types import GenerationResult, ModelInfo, PEInfo, ScoreResult, TokenEvent
+from service.grpc_api import pe_serve_pb2 as pb
+from service.grpc_api.codec import scaling_message
+
+
+def token_chunk(event: TokenEvent) -> pb.GenerateResponse:
+    return pb.GenerateResponse(token=pb.TokenChunk(token=event.token, text=event.text, logprob=event.logprob))
+
+
+def generate_end(request_id: str, model: str, result: GenerationResult) -> pb.GenerateResponse:
+    end = pb.GenerateEnd(
+        id=request_id,
+        model=model,
+        finish_reason=finish_reason(result),
+        usage=pb.Usage(**usage(result).model_dump()),
+        pe=pe_message(result.pe),
+        timing=pb.Timing(**timing_block(result.timing).model_dump()),
+    )
+    return pb.GenerateResponse(end=end)
+
+
+def pe_message(pe: PEInfo) -> pb.PEBlock:
+    block = pe_block(pe)
+    scaling = scaling_message(block.scaling) if block.scaling is not None else None
+    return pb.PEBlock(**block.model_dump(exclude={"scaling"}), scaling=scaling)
+
+
+def score_message(request_id: str, model: str, result: ScoreResult) -> pb.ScoreResponse:
+    """As `/score` answers, but without the leading null: the first token has no log-probability."""
+    body = score_response(model, result)
+    return pb.ScoreResponse(
+        id=request_id,
+        model=body.model,
+        tokens=body.tokens,
+        token_logprobs=[logprob for logprob in body.token_logprobs[1:] if logprob is not None],
+        total_logprob=body.total_logprob,
+        perplexity=body.perplexity,
+        num_tokens=body.num_tokens,
+    )
+
+
+def models_message(infos: list[ModelInfo]) -> pb.ListModelsResponse:
+    return pb.ListModelsResponse(models=[pb.ModelCard(**model_card(info).model_dump()) for info in infos])

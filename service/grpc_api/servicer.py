@@ -1,0 +1,248 @@
+"""The `pe_serve.v1.PEServe` methods, over the same `ServiceState` (engine, phase) as the HTTP routes.
+
+Each request is validated exactly as its JSON twin: the message becomes the JSON body's dict and
+goes through the HTTP schemas and `prepare_input`, so a bad field is reported by the same code
+with the same name. Every method runs inside `_rpc`, the one place that checks the API key, turns
+failures into status codes with trailing metadata, and records the request's metrics and log line.
+
+A generation or scoring request is registered under its request id while it runs, so `Abort` can
+stop it; leaving a method early for any reason (client cancel, expired deadline, error) cancels
+the engine request, which frees its batch slot at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Collection
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from service.api.errors import APIError, as_api_error
+from service.api.handles import FirstTokenTimer
+from service.api.inputs import prepare_input
+from service.api.logs import request_id_var
+from service.api.metrics import ServiceMetrics
+from service.api.middleware import CLIENT_REQUEST_ID, bearer_authorized
+from service.api.routes.score import MIN_SCORED_TOKENS
+from service.api.schemas.requests import GenerateRequest, ScoreRequest
+from service.api.state import ServiceState
+from service.engine.types import (
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    RequestHandle,
+    ScoreResult,
+    TokenEvent,
+)
+from service.engine.types import ScoreRequest as EngineScoreRequest
+from service.grpc_api import pe_serve_pb2 as pb
+from service.grpc_api.codec import parse_request, request_fields
+from service.grpc_api.responses import generate_end, models_message, score_message, token_chunk
+from service.grpc_api.status import CANCELLED_STATUS, REQUEST_ID_KEY, status_code, trailing_metadata
+
+logger = logging.getLogger("service.grpc.access")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["PEServe"].full_name
+_REQUEST_ID_FIELD = "request_id"
+# A cancellation this close to the client's deadline is the deadline (clocks differ a little).
+_DEADLINE_SLACK_S = 0.05
+
+
+@dataclass
+class _Call:
+    """One RPC as `_rpc` records it; the request id is replaced once the request names its own."""
+
+    method: str
+    request_id: str
+    started: float
+    code: grpc.StatusCode = grpc.StatusCode.OK
+
+
+@dataclass
+class _Running:
+    handle: RequestHandle
+    finished: bool = False
+    aborted: bool = False
+
+
+class PEServeServicer:
+    """The four methods; handlers take the raw request bytes so that parsing errors are ours to name."""
+
+    def __init__(self, state: ServiceState, metrics: ServiceMetrics, api_keys: Collection[bytes]) -> None:
+        self._state = state
+        self._metrics = metrics
+        self._api_keys = tuple(api_keys)
+        self._running: dict[str, _Running] = {}
+
+    async def generate(
+        self, data: bytes, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        async with self._rpc("Generate", context) as call:
+            message = parse_request(pb.GenerateRequest, data)
+            fields = self._take_request_id(call, request_fields(message), prefix="gen")
+            body = GenerateRequest.model_validate(fields)
+            engine = self._state.engine_for_request()
+            prepared = prepare_input(engine, body, new_tokens=body.max_new_tokens)
+            job = GenerationRequest(
+                request_id=call.request_id,
+                model=prepared.model.name,
+                prompt_tokens=prepared.tokens,
+                sampling=body.engine_sampling(),
+                scaling=prepared.scaling,
+            )
+            first_token = FirstTokenTimer(self._metrics, call.started)
+            async with self._registered(engine, job) as running:
+                # Accepted: headers go out now, so a client can tell a queued request from a refused one.
+                await context.send_initial_metadata(((REQUEST_ID_KEY, call.request_id),))
+                async for event in running.handle:
+                    first_token(event)
+                    if isinstance(event, TokenEvent):
+                        yield token_chunk(event)
+                    elif isinstance(event, GenerationResult):
+                        end = generate_end(call.request_id, job.model, event)
+                        running.finished = True
+                        yield end
+
+    async def score(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ScoreResponse:
+        async with self._rpc("Score", context) as call:
+            message = parse_request(pb.ScoreRequest, data)
+            fields = self._take_request_id(call, request_fields(message), prefix="score")
+            body = ScoreRequest.model_validate(fields)
+            engine = self._state.engine_for_request()
+            prepared = prepare_input(engine, body, new_tokens=0, min_tokens=MIN_SCORED_TOKENS)
+            job = EngineScoreRequest(
+                request_id=call.request_id,
+                model=prepared.model.name,
+                tokens=prepared.tokens,
+                scaling=prepared.scaling,
+            )
+            async with self._registered(engine, job) as running:
+                async for event in running.handle:
+                    if isinstance(event, ScoreResult):
+                        running.finished = True
+                        return score_message(call.request_id, job.model, event)
+            raise RuntimeError(f"request {call.request_id} ended without a result")
+
+    async def list_models(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
+        async with self._rpc("ListModels", context):
+            parse_request(pb.ListModelsRequest, data)
+            return models_message(self._state.engine_for_request().models())
+
+    async def abort(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
+        """Stop a running request of any client holding a valid key (request ids are not secrets)."""
+        async with self._rpc("Abort", context):
+            message = parse_request(pb.AbortRequest, data)
+            running = self._running.get(message.request_id)
+            if running is None:
+                detail = f"No running request has id {message.request_id!r}."
+                raise APIError(404, detail, param=_REQUEST_ID_FIELD, error_type="request_not_found")
+            running.aborted = True
+            running.handle.cancel()
+            return pb.AbortResponse()
+
+    def _rpc(self, method: str, context: grpc.aio.ServicerContext) -> _Rpc:
+        return _Rpc(method, context, self._metrics, self._api_keys)
+
+    def _take_request_id(self, call: _Call, fields: dict[str, Any], *, prefix: str) -> dict[str, Any]:
+        """The request's own id (checked like HTTP's `X-Request-ID`) or a fresh one; returns the rest."""
+        offered = fields.pop(_REQUEST_ID_FIELD, None)
+        if offered is not None and not CLIENT_REQUEST_ID.fullmatch(offered):
+            message = "request_id: at most 128 letters, digits and '._:-'."
+            raise APIError(422, message, param=_REQUEST_ID_FIELD)
+        call.request_id = offered or f"{prefix}-{uuid.uuid4().hex}"
+        request_id_var.set(call.request_id)
+        return fields
+
+    @asynccontextmanager
+    async def _registered(
+        self, engine: Engine, job: GenerationRequest | EngineScoreRequest
+    ) -> AsyncIterator[_Running]:
+        """Submit `job` under its id for `Abort`; cancel it unless it finished, however the block ends."""
+        if job.request_id in self._running:
+            raise APIError(409, f"A request with id {job.request_id!r} is running.", param=_REQUEST_ID_FIELD)
+        running = _Running(handle=engine.submit(job))
+        self._running[job.request_id] = running
+        try:
+            yield running
+        except Exception:
+            if running.aborted:
+                raise APIError(
+                    CANCELLED_STATUS, "The request was stopped by Abort.", error_type="request_cancelled"
+                ) from None
+            raise
+        finally:
+            del self._running[job.request_id]
+            if not running.finished:
+                running.handle.cancel()
+
+
+class _Rpc:
+    """One RPC's frame: API key first, then the method body; failures become its status code.
+
+    `__aexit__` never swallows an exception: it either lets it through (cancellation) or replaces
+    it with the status the client receives (`context.abort` raises).
+    """
+
+    def __init__(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext,
+        metrics: ServiceMetrics,
+        api_keys: tuple[bytes, ...],
+    ) -> None:
+        self._context = context
+        self._metrics = metrics
+        self._api_keys = api_keys
+        self.call = _Call(method=method, request_id=uuid.uuid4().hex, started=time.perf_counter())
+        remaining = context.time_remaining()
+        self._deadline = None if remaining is None else time.monotonic() + remaining
+        self._log_token = request_id_var.set(self.call.request_id)
+
+    async def __aenter__(self) -> _Call:
+        metadata = dict(self._context.invocation_metadata() or ())
+        if self._api_keys and not bearer_authorized(str(metadata.get("authorization", "")), self._api_keys):
+            await self.__aexit__(APIError, APIError(401, "Missing or invalid API key."), None)
+        return self.call
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        call = self.call
+        try:
+            if isinstance(exc, asyncio.CancelledError):
+                expired = (
+                    self._deadline is not None and time.monotonic() >= self._deadline - _DEADLINE_SLACK_S
+                )
+                call.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+            elif isinstance(exc, Exception):
+                error = as_api_error(exc, call.request_id)
+                call.code = status_code(error)
+                metadata = trailing_metadata(error, call.request_id)
+                await self._context.abort(call.code, error.message, trailing_metadata=metadata)
+        finally:
+            self._record()
+
+    def _record(self) -> None:
+        call = self.call
+        elapsed = time.perf_counter() - call.started
+        endpoint = f"/{SERVICE_NAME}/{call.method}"
+        self._metrics.observe_request(endpoint, call.code.name, elapsed, protocol="grpc")
+        quiet = call.method == "ListModels" and call.code is grpc.StatusCode.OK
+        logger.log(
+            logging.DEBUG if quiet else logging.INFO,
+            "request",
+            extra={
+                "method": "grpc",
+                "path": endpoint,
+                "status": call.code.name,
+                "duration_ms": round(elapsed * 1000, 3),
+            },
+        )
+        request_id_var.reset(self._log_token)
