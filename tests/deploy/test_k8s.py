@@ -246,13 +246,25 @@ def test_the_monitoring_extras_match_the_service_and_the_autoscaler(
     assert rule["name"]["as"] == metric and rule["seriesQuery"].startswith(metric + "{")
 
 
-def read_only_root_launcher(writable: list[str]) -> list[str]:
-    """A private mount namespace with `/` read-only and a fresh tmpfs on each `writable` path."""
+def read_only_root_launcher(writable: list[str], keep: Path) -> list[str]:
+    """A private mount namespace with `/` read-only and a fresh tmpfs on each `writable` path.
+
+    `keep` (the checkout, with its virtual environment) stays visible even where it lies under a
+    writable path (a clone in /tmp): a descriptor opened on it before the tmpfs hides it is bound
+    back at the same place afterwards, still read-only.
+    """
     mounts = " && ".join(f"mount -t tmpfs -o size=1g tmpfs {path}" for path in writable)
+    hidden = any(keep.is_relative_to(path) for path in writable)
+    restore = (
+        f' && mkdir -p "{keep}" && mount --no-canonicalize --bind /proc/self/fd/3 "{keep}"'
+        f' && mount -o remount,bind,ro "{keep}"'
+        if hidden
+        else ""
+    )
     script = (
-        f"mount --bind / / && mount -o remount,bind,ro / && {mounts} && "
+        f'exec 3<"{keep}" && mount --bind / / && mount -o remount,bind,ro / && {mounts}{restore} && '
         # Proof that the root really is read-only before the server starts.
-        'if touch "$PWD/.read-only-probe" 2>/dev/null; then exit 97; fi && exec "$@"'
+        'if touch "$PWD/.read-only-probe" 2>/dev/null; then exit 97; fi && exec 3<&- && exec "$@"'
     )
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
 
@@ -279,7 +291,10 @@ def test_the_server_runs_on_a_read_only_root_with_only_the_manifest_s_writable_m
     # The bundled checkpoints: pytest's own temporary directories lie under the hidden /tmp.
     model = REPO_ROOT / "models" / "zoo-rope"
     with live_server(
-        [model], options={"torch_threads": 1}, env=environment, launcher=read_only_root_launcher(writable)
+        [model],
+        options={"torch_threads": 1},
+        env=environment,
+        launcher=read_only_root_launcher(writable, REPO_ROOT),
     ) as running:
         body = {
             "prompt": "def f(x):",
