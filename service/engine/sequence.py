@@ -82,7 +82,7 @@ class RunningSequence:
         return self.request.sampling.logprobs
 
     def _finish_reason(self, token: int) -> FinishReason | None:
-        if token == self.served.spec.config.eos_id:
+        if token in self.served.spec.config.eos_ids:
             return "eos"
         if len(self.tokens) >= self.request.sampling.max_new_tokens:
             return "length"
