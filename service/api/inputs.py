@@ -36,11 +36,18 @@ def prepare_input(
     model = engine.resolve_model(body.model, body.pe)
     scaling = scaling_for(model, body.pe_scaling)
     tokens = _tokens(engine, model, body)
+    field = "prompt" if body.prompt is not None else "tokens"
     if len(tokens) < min_tokens:
-        field = "prompt" if body.prompt is not None else "tokens"
         raise APIError(
             422, f"{field} must have at least {min_tokens} tokens, got {len(tokens)}.", param=field
         )
+    # The input alone over the context is the input's fault, not max_new_tokens' (which /score has
+    # not even got); prompt plus max_new_tokens over it is the engine's check, naming max_new_tokens.
+    room = model.max_context - (1 if new_tokens else 0)
+    if len(tokens) > room:
+        needs = ", which must also hold at least one generated token" if new_tokens else ""
+        message = f"{field} is {len(tokens)} tokens; the max_context of {model.name} is {model.max_context}"
+        raise APIError(422, f"{message}{needs}.", param=field)
     if new_tokens > model.max_context:
         message = (
             f"max_new_tokens ({new_tokens}) exceeds the max_context of {model.name} ({model.max_context})."
