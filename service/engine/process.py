@@ -34,7 +34,7 @@ from prometheus_client import (
 from service.engine.config import EngineConfig, engine_threads
 from service.engine.core import EngineCore
 from service.engine.engine import load_models
-from service.engine.errors import EngineDrainingError
+from service.engine.errors import EngineDrainingError, ModelLoadError
 
 logger = logging.getLogger("service.engine.process")
 
@@ -62,6 +62,11 @@ def engine_main(connection: Connection, config: EngineConfig) -> None:
         models = load_models(
             config.model_dirs, device=config.device, dtype=config.dtype, max_context=config.max_context
         )
+    except ModelLoadError as error:
+        # The API process logs the one line that names the directory; the trace is for debugging.
+        logger.debug("model loading failed in the engine process", exc_info=True)
+        connection.send(("failed", str(error)))
+        return
     except Exception as error:
         logger.exception("model loading failed in the engine process")
         connection.send(("failed", f"{type(error).__name__}: {error}"))
