@@ -33,6 +33,9 @@ from pe_client.types import (
 )
 
 COLUMN_GAP = " | "
+# `compare` sends all its requests at once; a server with a small queue turns some away with 429
+# and a Retry-After, and the CLI is meant to wait those out rather than give up after the SDK's two.
+CLI_MAX_RETRIES = 10
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,6 +52,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pe-client {__version__}")
     parser.add_argument("--url", help="server URL (default: $PE_SERVE_URL or http://127.0.0.1:8000)")
     parser.add_argument("--api-key", help="API key (default: $PE_SERVE_API_KEY)")
+    parser.add_argument(
+        "--max-retries",
+        type=int,
+        default=CLI_MAX_RETRIES,
+        metavar="N",
+        help=f"retries of a request refused as busy (429, 503) or cut off (default {CLI_MAX_RETRIES})",
+    )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     generate = commands.add_parser("generate", help="stream one generation to the terminal")
@@ -115,7 +125,7 @@ def _generate_request(args: argparse.Namespace, scaling: PEScaling | None) -> Ge
 def _run_generate(args: argparse.Namespace) -> int:
     scaling = _scaling(args.scaling, args) if args.scaling else None
     with (
-        PEClient(args.url, api_key=args.api_key) as client,
+        PEClient(args.url, api_key=args.api_key, max_retries=args.max_retries) as client,
         client.generate_stream(_generate_request(args, scaling)) as stream,
     ):
         for event in stream:
@@ -143,7 +153,7 @@ class _Column:
 
 async def _compare(args: argparse.Namespace, scalings: list[PEScaling]) -> list[_Column]:
     """All scalings at once: the server batches them, which is the point of per-request scaling."""
-    async with AsyncPEClient(args.url, api_key=args.api_key) as client:
+    async with AsyncPEClient(args.url, api_key=args.api_key, max_retries=args.max_retries) as client:
 
         async def run(scaling: PEScaling) -> _Column:
             request = _generate_request(args, scaling)
@@ -204,7 +214,7 @@ def _wrap(text: str, width: int) -> list[str]:
 
 
 def _run_models(args: argparse.Namespace) -> int:
-    with PEClient(args.url, api_key=args.api_key) as client:
+    with PEClient(args.url, api_key=args.api_key, max_retries=args.max_retries) as client:
         for model in client.models():
             print(
                 f"{model.name:<24} {model.scheme:<11} native {model.native_context:<6} "
