@@ -55,11 +55,10 @@ def _read_until_closed(sockets: list[socket.socket], deadline: float) -> dict[so
     with selectors.DefaultSelector() as selector:
         for connection in sockets:
             connection.setblocking(False)
-            selector.register(connection, selectors.EVENT_READ)
+            selector.register(connection, selectors.EVENT_READ, data=connection)
         while received and time.monotonic() < deadline:
             for key, _ in selector.select(timeout=max(0.0, deadline - time.monotonic())):
-                connection = key.fileobj
-                assert isinstance(connection, socket.socket)
+                connection = key.data
                 try:
                     chunk = connection.recv(65536)
                 except ConnectionResetError:
