@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # while an open range would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: serve test lint typecheck pytest bench install clean docker-smoke
+.PHONY: serve test lint typecheck pytest bench fuzz soak install clean docker-smoke
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.extrapolation
 	$(BIN)/python -m bench.throughput
 	$(BIN)/python -m bench.serving
+
+# Long reliability runs, each writing its figures under bench/results/ (see docs/reliability.md).
+FUZZ_EXAMPLES ?= 2000
+fuzz: $(STAMP)
+	$(BIN)/python -m bench.fuzz --max-examples $(FUZZ_EXAMPLES)
 
 docker-smoke:
 	bash scripts/docker_smoke.sh
