@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from tests.live_server import live_server
+from tests.live_server import OptionValue, live_server
 
 EXCLUDED_CHECKS = ("positive_data_acceptance",)
 RESULTS = Path(__file__).resolve().parent / "results" / "fuzz.md"
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    options = {"device": "cpu", "max_context": 1024, "max_queue": 0}
+    options: dict[str, OptionValue] = {"device": "cpu", "max_context": 1024, "max_queue": 0}
     with live_server([], options=options, env={"OMP_NUM_THREADS": "1"}) as server:
         result = run_fuzz(
             server.base_url, max_examples=args.max_examples, workers=args.workers, seed=args.seed
