@@ -42,9 +42,10 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.serving
 
 # Long reliability runs, each writing its figures under bench/results/ (see docs/reliability.md).
-FUZZ_EXAMPLES ?= 2000
+FUZZ_EXAMPLES ?= 100000
+FUZZ_MAX_TIME_S ?= 1800
 fuzz: $(STAMP)
-	$(BIN)/python -m bench.fuzz --max-examples $(FUZZ_EXAMPLES)
+	$(BIN)/python -m bench.fuzz --max-examples $(FUZZ_EXAMPLES) --max-time-s $(FUZZ_MAX_TIME_S)
 
 docker-smoke:
 	bash scripts/docker_smoke.sh

@@ -10,7 +10,7 @@ model's context, scalings a scheme supports), so that check would only report th
 The server's own `pe_serve_requests_total` is read before and after, so the figures count what
 the server answered, by status, not only what schemathesis thinks it sent.
 
-    python -m bench.fuzz [--max-examples N] [--workers N] [--seed N] [--output PATH]
+    python -m bench.fuzz [--max-examples N] [--max-time-s S] [--workers N] [--seed N] [--output PATH]
 
 starts a server on the bundled zoo, runs the fuzzer and writes `bench/results/fuzz.md`; it exits 1
 if any response was a 5xx or any check failed. `make test` runs a bounded pass against the test
@@ -83,6 +83,7 @@ def run_fuzz(
     max_examples: int,
     workers: int = 1,
     seed: int | None = None,
+    max_time_s: float | None = None,
     headers: dict[str, str] | None = None,
 ) -> FuzzResult:
     """One schemathesis run; raises if schemathesis itself could not run (not for findings)."""
@@ -110,6 +111,8 @@ def run_fuzz(
         ]
         if seed is not None:
             command += ["--seed", str(seed)]
+        if max_time_s is not None:
+            command += ["--max-time", str(round(max_time_s))]
         for name, value in (headers or {}).items():
             command += ["--header", f"{name}: {value}"]
         before = answered(base_url)
@@ -172,12 +175,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-examples", type=int, default=2000, help="examples per operation and phase")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--max-time-s", type=float, default=None, help="time budget; fuzzing repeats until it is spent"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     options: dict[str, OptionValue] = {"device": "cpu", "max_context": 1024, "max_queue": 0}
     with live_server([], options=options, env={"OMP_NUM_THREADS": "1"}) as server:
         result = run_fuzz(
-            server.base_url, max_examples=args.max_examples, workers=args.workers, seed=args.seed
+            server.base_url,
+            max_examples=args.max_examples,
+            workers=args.workers,
+            seed=args.seed,
+            max_time_s=args.max_time_s,
         )
     invocation = shlex.join(["python", "-m", "bench.fuzz", *(argv if argv is not None else sys.argv[1:])])
     args.output.write_text(markdown(result, invocation))
