@@ -47,6 +47,11 @@ FUZZ_MAX_TIME_S ?= 1800
 fuzz: $(STAMP)
 	$(BIN)/python -m bench.fuzz --max-examples $(FUZZ_EXAMPLES) --max-time-s $(FUZZ_MAX_TIME_S)
 
+SOAK_CLIENTS ?= 64
+SOAK_MINUTES ?= 10
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak --clients $(SOAK_CLIENTS) --minutes $(SOAK_MINUTES)
+
 docker-smoke:
 	bash scripts/docker_smoke.sh
 

@@ -2,7 +2,8 @@
 
 `run_fuzz(base_url, ...)` runs `st run` over the server's own description with all of
 schemathesis' checks (no 5xx, responses and SSE events match their schema, documented statuses,
-content types and headers, schema-invalid input refused) except one: `positive_data_acceptance`.
+content types and headers, schema-invalid input refused) except `max_response_time` (the soak
+measures latency) and `positive_data_acceptance`.
 A body can be valid by the schema and still be refused 422 by design, for rules that JSON Schema
 does not carry here (exactly one of `prompt` / `tokens`, prompt plus `max_new_tokens` within the
 model's context, scalings a scheme supports), so that check would only report the API working.
@@ -37,7 +38,9 @@ import httpx
 
 from tests.live_server import OptionValue, live_server
 
-EXCLUDED_CHECKS = ("positive_data_acceptance",)
+# Not findings about correctness: see the module docstring; latency is the soak's to measure, and a
+# response-time check would make the bounded CI run depend on how busy the machine is.
+EXCLUDED_CHECKS = ("positive_data_acceptance", "max_response_time")
 RESULTS = Path(__file__).resolve().parent / "results" / "fuzz.md"
 # The test server's models are tiny; the zoo's take longer on a long generation.
 REQUEST_TIMEOUT_S = 60.0
