@@ -12,6 +12,7 @@ The script prints, and writes to `bench/results/soak.md` with the command:
 - resident memory of the API process and of the engine process after warm-up and at every minute
   (from `/metrics`: `process_resident_memory_bytes` and `pe_engine_process_resident_memory_bytes`),
   and how much the total grew from the first minute to the end;
+- the same once the load has stopped for a moment (what the process gives back);
 - requests lost: sent but never answered (no status, a broken connection, a stream that ended
   without its final event), which must be 0;
 - `/readyz` afterwards.
@@ -51,6 +52,7 @@ ROTARY_FREQUENCIES = 16  # the zoo's RoPE model: head_dim 32
 SCHEMES = ("rope", "alibi", "t5_bias", "nope", "sinusoidal", "learned")
 REQUEST_TIMEOUT_S = 300.0
 SAMPLE_EVERY_S = 5.0
+IDLE_WAIT_S = 15.0
 RSS_GROWTH_LIMIT = 0.10
 BAD_INPUT_STATUSES = frozenset({404, 413, 415, 422})
 _RSS = {
@@ -92,6 +94,7 @@ class Outcome:
 class Tally:
     outcomes: list[Outcome] = field(default_factory=list)
     rss: list[tuple[float, int, int]] = field(default_factory=list)  # (seconds, api, engine)
+    idle_rss: tuple[int, int] = (0, 0)  # once the load has stopped
 
 
 def _text(rng: random.Random, longest: int) -> str:
@@ -217,6 +220,9 @@ async def soak(base_url: str, *, clients: int, seconds: float, seed: int) -> Tal
         _sampler(base_url, started, deadline, tally),
         *(_client(base_url, deadline, seed + index, tally) for index in range(clients)),
     )
+    await asyncio.sleep(IDLE_WAIT_S)
+    async with httpx.AsyncClient(base_url=base_url, timeout=60.0) as client:
+        tally.idle_rss = rss_bytes((await client.get("/metrics")).text)
     return tally
 
 
@@ -226,14 +232,16 @@ def _percentile(values: list[float], fraction: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(fraction * 100) - 1]
 
 
-def _at_minutes(samples: list[tuple[float, int, int]]) -> list[tuple[int, int, int]]:
-    """The sample nearest each whole minute (and the last one): (minute, api, engine)."""
-    minutes: dict[int, tuple[int, int, int]] = {}
+def _at_minutes(samples: list[tuple[float, int, int]]) -> list[tuple[str, int, int]]:
+    """The first sample of each whole minute, and the last one: (time label, api, engine)."""
+    firsts: dict[int, tuple[str, int, int]] = {}
     for seconds, api, engine in samples:
-        minute = round(seconds / 60)
-        if abs(seconds - minute * 60) <= SAMPLE_EVERY_S / 2 + 1:
-            minutes.setdefault(minute, (minute, api, engine))
-    return sorted(minutes.values())
+        firsts.setdefault(int(seconds // 60), (f"{seconds / 60:.1f} min", api, engine))
+    rows = list(firsts.values())
+    if samples:
+        seconds, api, engine = samples[-1]
+        rows.append((f"{seconds / 60:.1f} min (last)", api, engine))
+    return rows
 
 
 @dataclass(frozen=True)
@@ -296,8 +304,8 @@ def markdown(tally: Tally, verdict: Verdict, *, invocation: str, clients: int, s
     everything = [o.seconds for o in tally.outcomes if o.status == 200]
     mib = 2**20
     rss_rows = "\n".join(
-        f"| {minute} | {api / mib:.0f} | {engine / mib:.0f} | {(api + engine) / mib:.0f} |"
-        for minute, api, engine in _at_minutes(tally.rss)
+        f"| {label} | {api / mib:.0f} | {engine / mib:.0f} | {(api + engine) / mib:.0f} |"
+        for label, api, engine in [*_at_minutes(tally.rss), ("idle", *tally.idle_rss)]
     )
     lost = [o for o in tally.outcomes if o.status is None][:10]
     lost_lines = "\n".join(f"- {o.kind} after {o.seconds:.1f} s: {o.detail}" for o in lost) or "none"
@@ -316,9 +324,10 @@ Requests: {len(tally.outcomes)}; p50 {_percentile(everything, 0.5) * 1000:.0f} m
 |---|---|---|---|---|
 {chr(10).join(kind_rows)}
 
-Resident memory (MiB) at each minute; minute 1 is the after-warm-up reference:
+Resident memory (MiB) at each minute; the first sample past 1 min is the after-warm-up reference,
+and the idle figure is {IDLE_WAIT_S:g} s after the load stopped:
 
-| minute | API process | engine process | total |
+| time | API process | engine process | total |
 |---|---|---|---|
 {rss_rows}
 
