@@ -2,8 +2,8 @@
 
 `run_fuzz(base_url, ...)` runs `st run` over the server's own description with all of
 schemathesis' checks (no 5xx, responses and SSE events match their schema, documented statuses,
-content types and headers, schema-invalid input refused) except `max_response_time` (the soak
-measures latency) and `positive_data_acceptance`.
+content types and headers, schema-invalid input refused) except `positive_data_acceptance`,
+with a response-time limit of 300 s (latency is the soak's to measure).
 A body can be valid by the schema and still be refused 422 by design, for rules that JSON Schema
 does not carry here (exactly one of `prompt` / `tokens`, prompt plus `max_new_tokens` within the
 model's context, scalings a scheme supports), so that check would only report the API working.
@@ -38,12 +38,11 @@ import httpx
 
 from tests.live_server import OptionValue, live_server
 
-# Not findings about correctness: see the module docstring; latency is the soak's to measure, and a
-# response-time check would make the bounded CI run depend on how busy the machine is.
-EXCLUDED_CHECKS = ("positive_data_acceptance", "max_response_time")
+EXCLUDED_CHECKS = ("positive_data_acceptance",)
 RESULTS = Path(__file__).resolve().parent / "results" / "fuzz.md"
-# The test server's models are tiny; the zoo's take longer on a long generation.
-REQUEST_TIMEOUT_S = 60.0
+# Also the response-time check's limit (schemathesis' default is 10 s): latency is the soak's to
+# measure, and a long generation on two busy cores must not make the bounded CI run fail.
+REQUEST_TIMEOUT_S = 300
 _REQUESTS_SAMPLE = re.compile(r'^pe_serve_requests_total\{endpoint="([^"]*)",status="(\d+)"\} (\S+)$', re.M)
 
 
@@ -105,6 +104,8 @@ def run_fuzz(
             str(workers),
             "--request-timeout",
             str(REQUEST_TIMEOUT_S),
+            "--max-response-time",
+            str(REQUEST_TIMEOUT_S),
             "--generation-database",
             "none",
             "--report",
@@ -126,9 +127,8 @@ def run_fuzz(
         statuses.subtract(before)
         reports = sorted(Path(report_dir).glob("*.json"))
         if not reports:
-            raise RuntimeError(
-                f"schemathesis wrote no report (exit {finished.returncode}):\n{finished.stdout}"
-            )
+            output = finished.stdout + finished.stderr
+            raise RuntimeError(f"schemathesis wrote no report (exit {finished.returncode}):\n{output}")
         report = json.loads(reports[-1].read_text())
     # Scrapes of /metrics itself count too; they are requests the server answered like any other.
     return FuzzResult(

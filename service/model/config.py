@@ -84,6 +84,7 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["rope_scaling"] = dict(self.rope_scaling) if self.rope_scaling is not None else None
+        data["extra_eos_ids"] = list(self.extra_eos_ids)
         return data
 
     @classmethod
