@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # while an open range would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: serve test lint typecheck pytest bench install clean docker-smoke
+.PHONY: serve test lint typecheck pytest bench fuzz soak install clean docker-smoke
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,17 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.extrapolation
 	$(BIN)/python -m bench.throughput
 	$(BIN)/python -m bench.serving
+
+# Long reliability runs, each writing its figures under bench/results/ (see docs/reliability.md).
+FUZZ_EXAMPLES ?= 100000
+FUZZ_MAX_TIME_S ?= 1800
+fuzz: $(STAMP)
+	$(BIN)/python -m bench.fuzz --max-examples $(FUZZ_EXAMPLES) --max-time-s $(FUZZ_MAX_TIME_S)
+
+SOAK_CLIENTS ?= 64
+SOAK_MINUTES ?= 10
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak --clients $(SOAK_CLIENTS) --minutes $(SOAK_MINUTES)
 
 docker-smoke:
 	bash scripts/docker_smoke.sh

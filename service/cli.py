@@ -20,6 +20,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from service.api import create_app
+from service.api.connections import guarded_protocol
 from service.api.logs import logging_config
 from service.api.state import Phase, ServiceState
 from service.settings import Device, DType, EngineMode, LogLevel, Settings
@@ -113,6 +114,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-body-bytes", type=int, metavar="N", help="request body limit (default 1 MiB)")
     parser.add_argument(
+        "--header-timeout-s",
+        type=float,
+        metavar="S",
+        help="time a client has to send a request's headers, else 408 and close (default 10)",
+    )
+    parser.add_argument(
+        "--max-header-bytes", type=int, metavar="N", help="request header limit, else 431 (default 32 KiB)"
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        metavar="N",
+        help="open connections at once; one more gets 503 and is closed (default 1000)",
+    )
+    parser.add_argument(
         "--drain-timeout-s",
         "--drain-timeout",
         dest="drain_timeout_s",
@@ -147,6 +163,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         access_log=False,
         timeout_graceful_shutdown=CONNECTION_GRACE_S,
         server_header=False,
+        http=guarded_protocol(
+            header_timeout_s=settings.header_timeout_s,
+            max_header_bytes=settings.max_header_bytes,
+            max_connections=settings.max_connections,
+        ),
     )
     DrainingServer(config, state).run()
     sys.exit(1 if state.phase is Phase.FAILED else 0)

@@ -56,6 +56,15 @@ class Settings(BaseSettings):
         default=None, description="Bearer key(s) required on inference routes; comma-separated for several."
     )
     max_body_bytes: int = Field(default=ONE_MIB, ge=1)
+    header_timeout_s: float = Field(
+        default=10.0, gt=0.0, description="Seconds a client has to send a request's headers (else 408)."
+    )
+    max_header_bytes: int = Field(
+        default=32 * 1024, ge=1024, description="Request header limit in bytes (else 431)."
+    )
+    max_connections: int = Field(
+        default=1000, ge=1, description="Open connections at once; one more is answered 503 and closed."
+    )
     drain_timeout_s: float = Field(default=30.0, ge=0.0)
     log_level: LogLevel = "info"
     warmup: bool = True

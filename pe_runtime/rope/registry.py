@@ -13,7 +13,7 @@ import torch
 
 from pe_runtime.errors import PEConfigError
 from pe_runtime.rope import dynamic, linear, llama3, longrope, none, ntk, yarn
-from pe_runtime.rope.spectrum import ScalingRule
+from pe_runtime.rope.spectrum import ScalingRule, derived
 from pe_runtime.scaling import SCALING_TYPES, RopeScaling
 
 SCALING_RULES: Final[Mapping[str, ScalingRule]] = {
@@ -40,7 +40,9 @@ def rope_inv_freq(
     """
     _check_rope_shape(head_dim, base)
     scaling = scaling or _UNSCALED
-    return SCALING_RULES[scaling.type].build(head_dim, base, scaling, seq_len)
+    inv_freq, factor = SCALING_RULES[scaling.type].build(head_dim, base, scaling, seq_len)
+    # In practice only an explicit attention_factor fails this: a subnormal one is zero in float32.
+    return inv_freq, derived("attention_factor", "the attention factor", lambda: factor, positive=True)
 
 
 def rope_seq_len_key(scaling: RopeScaling | None, seq_len: int | None) -> int | None:

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from pe_runtime.rope.spectrum import base_inv_freq, original_length, required
+from pe_runtime.rope.spectrum import base_inv_freq, derived, original_length, required
 from pe_runtime.scaling import RopeScaling
 
 
@@ -41,8 +41,16 @@ def _extrapolation_weight(rotary_dim: int, base: float, scaling: RopeScaling) ->
     original = original_length(scaling)
     beta_fast = required(scaling, "beta_fast", scaling.beta_fast)
     beta_slow = required(scaling, "beta_slow", scaling.beta_slow)
-    low = _channel_for_rotations(beta_fast, rotary_dim, base, original)
-    high = _channel_for_rotations(beta_slow, rotary_dim, base, original)
+    low = derived(
+        "beta_fast",
+        "the first channel of the YaRN ramp",
+        lambda: _channel_for_rotations(beta_fast, rotary_dim, base, original),
+    )
+    high = derived(
+        "beta_slow",
+        "the last channel of the YaRN ramp",
+        lambda: _channel_for_rotations(beta_slow, rotary_dim, base, original),
+    )
     if required(scaling, "truncate", scaling.truncate):
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, rotary_dim - 1)

@@ -69,6 +69,13 @@ def check_lengths(
         raise APIError(
             422, f"{field} must have at least {min_tokens} tokens, got {len(tokens)}.", param=field
         )
+    # The input alone over the context is the input's fault, not max_new_tokens' (which /score has
+    # not even got); prompt plus max_new_tokens over it is the engine's check, naming max_new_tokens.
+    room = model.max_context - (1 if new_tokens else 0)
+    if len(tokens) > room:
+        needs = ", which must also hold at least one generated token" if new_tokens else ""
+        message = f"{field} is {len(tokens)} tokens; the max_context of {model.name} is {model.max_context}"
+        raise APIError(422, f"{message}{needs}.", param=field)
     if new_tokens > model.max_context:
         limit = f"the max_context of {model.name} ({model.max_context})"
         message = f"{new_tokens_field} ({new_tokens}) exceeds {limit}."

@@ -20,6 +20,7 @@ from typing import Protocol
 from fastapi import FastAPI
 
 from service.api.state import Phase, ServiceState
+from service.engine.errors import ModelLoadError
 from service.engine.types import Engine, ScoreRequest, ScoreResult
 
 logger = logging.getLogger("service.api.lifespan")
@@ -57,6 +58,10 @@ async def start_engine(state: ServiceState, build: EngineFactory, *, warm: bool)
         engine.start()
         if warm:
             await warm_up(engine)
+    except ModelLoadError as error:
+        logger.error("model loading failed: %s", error)
+        state.phase = Phase.FAILED
+        return
     except Exception:
         logger.exception("model loading failed")
         state.phase = Phase.FAILED

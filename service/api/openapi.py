@@ -47,13 +47,32 @@ def _component_schema(model: type[BaseModel]) -> dict[str, Any]:
     return schema
 
 
-# The payload of each `data:` line of a stream other than `[DONE]`: a token, the end, or an error.
-STREAM_EVENT_SCHEMA: dict[str, Any] = {
+# The JSON payload of a `data:` line: a token, the end, or an error.
+STREAM_PAYLOAD_SCHEMA: dict[str, Any] = {
     "oneOf": [
         _component_schema(StreamToken),
         _component_schema(StreamEnd),
         {"$ref": "#/components/schemas/ErrorResponse"},
     ]
+}
+
+# One event of the stream, as generic SSE tools read it (OpenAPI 3.1 has `schema` describe each
+# event): an object whose `data` field is a string, either JSON (`contentMediaType` and
+# `contentSchema` say of which shape) or the closing `[DONE]`.
+STREAM_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "data": {
+            "type": "string",
+            "anyOf": [
+                {"contentMediaType": "application/json", "contentSchema": STREAM_PAYLOAD_SCHEMA},
+                {"const": "[DONE]"},
+            ],
+        },
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+    },
 }
 
 

@@ -27,7 +27,7 @@ from multiprocessing.process import BaseProcess
 from service.engine.catalog import ModelCatalog
 from service.engine.config import EngineConfig
 from service.engine.core import Job
-from service.engine.errors import EngineUnavailableError
+from service.engine.errors import EngineUnavailableError, ModelLoadError
 from service.engine.frontend import EngineFrontend
 from service.engine.models import ModelSpec
 from service.engine.process import engine_main
@@ -40,7 +40,7 @@ _METRICS_TIMEOUT_S = 2.0
 _STOP_TIMEOUT_S = 10.0
 
 
-class EngineStartError(RuntimeError):
+class EngineStartError(ModelLoadError):
     """The engine process could not load its models."""
 
 
@@ -181,5 +181,5 @@ def _spawn(config: EngineConfig) -> tuple[BaseProcess, Connection, list[ModelSpe
         ) from error
     if message[0] != "ready":
         process.join(_STOP_TIMEOUT_S)
-        raise EngineStartError(f"the engine process could not load the models: {message[1]}")
+        raise EngineStartError(message[1])
     return process, ours, message[1]

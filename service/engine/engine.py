@@ -26,7 +26,7 @@ from pe_runtime import PECache
 from service.engine.catalog import ModelCatalog
 from service.engine.config import EngineConfig
 from service.engine.core import DEFAULT_STEP_TOKEN_BUDGET, EngineCore, Job
-from service.engine.errors import EngineDrainingError, RequestFailedError
+from service.engine.errors import EngineDrainingError, ModelLoadError, RequestFailedError
 from service.engine.frontend import EngineFrontend
 from service.engine.models import ServedModel, load_served_model, resolve_device, resolve_dtype
 
@@ -54,16 +54,21 @@ def load_models(
     """Load every directory (ours or Hugging Face Llama-family) onto one device, in order."""
     target = resolve_device(device)
     cache = pe_cache if pe_cache is not None else process_pe_cache()
-    return [
-        load_served_model(
-            Path(directory),
-            device=target,
-            dtype=resolve_dtype(dtype, target),
-            max_context=max_context,
-            pe_cache=cache,
-        )
-        for directory in dirs
-    ]
+    models = []
+    for directory in map(Path, dirs):
+        try:
+            served = load_served_model(
+                directory,
+                device=target,
+                dtype=resolve_dtype(dtype, target),
+                max_context=max_context,
+                pe_cache=cache,
+            )
+        except Exception as error:
+            # A truncated safetensors file or a config.json that is not JSON says nothing of where.
+            raise ModelLoadError(f"cannot load {directory}: {type(error).__name__}: {error}") from error
+        models.append(served)
+    return models
 
 
 class InferenceEngine(EngineFrontend):

@@ -74,3 +74,11 @@ class RequestFailedError(EngineError):
 
 class RequestCancelledError(EngineError):
     error_type = "request_cancelled"
+
+
+class ModelLoadError(RuntimeError):
+    """The models could not be loaded. Not a request's error: the server cannot start.
+
+    The message is one line that names the directory at fault and what is wrong with it, which is
+    what an operator reads first; the stack trace adds nothing for a bad file.
+    """

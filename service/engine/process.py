@@ -15,10 +15,13 @@ pipe closes (the API process is gone), so it never outlives its server.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import logging.config
 import signal
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 import torch
@@ -34,7 +37,7 @@ from prometheus_client import (
 from service.engine.config import EngineConfig, engine_threads
 from service.engine.core import EngineCore
 from service.engine.engine import load_models
-from service.engine.errors import EngineDrainingError
+from service.engine.errors import EngineDrainingError, ModelLoadError
 
 logger = logging.getLogger("service.engine.process")
 
@@ -46,6 +49,8 @@ ENGINE_METRICS_NAMESPACE = "pe_engine"
 # for this long at most.
 _GATHER_GAP_S = 0.002
 _GATHER_MAX_S = 0.05
+# How often a busy engine hands freed heap back (see `_heap_trimmer`); a trim takes milliseconds.
+_TRIM_EVERY_S = 2.0
 
 
 def engine_main(connection: Connection, config: EngineConfig) -> None:
@@ -62,6 +67,11 @@ def engine_main(connection: Connection, config: EngineConfig) -> None:
         models = load_models(
             config.model_dirs, device=config.device, dtype=config.dtype, max_context=config.max_context
         )
+    except ModelLoadError as error:
+        # The API process logs the one line that names the directory; the trace is for debugging.
+        logger.debug("model loading failed in the engine process", exc_info=True)
+        connection.send(("failed", str(error)))
+        return
     except Exception as error:
         logger.exception("model loading failed in the engine process")
         connection.send(("failed", f"{type(error).__name__}: {error}"))
@@ -77,8 +87,16 @@ def engine_main(connection: Connection, config: EngineConfig) -> None:
 
 
 def _serve(connection: Connection, core: EngineCore) -> None:
+    release_memory = _heap_trimmer()
+    busy = False
+    trimmed_at = time.monotonic()
     while True:
         was_idle = not core.has_work()
+        now = time.monotonic()
+        if (was_idle and busy) or (not was_idle and now - trimmed_at > _TRIM_EVERY_S):
+            release_memory()
+            trimmed_at = now
+        busy = not was_idle
         if not _handle_commands(connection, core, block=was_idle):
             return
         if was_idle:
@@ -111,6 +129,29 @@ def _handle_commands(connection: Connection, core: EngineCore, *, block: bool) -
             return False
         block = False
     return True
+
+
+def _heap_trimmer() -> Callable[[], None]:
+    """What hands freed heap memory back to the OS: when the engine goes idle, and every
+    `_TRIM_EVERY_S` while it is busy.
+
+    Caches and activations of every size are allocated and freed at each step; glibc keeps the
+    freed memory in its heap, fragmented, so under steady load the process grew far past what it
+    had in use (a 10-minute soak: 5 GB after one minute, 10 GB after four) and after a burst it
+    stayed hundreds of MB above its resting size. `malloc_trim(0)` returns the free pages; off
+    glibc this is a no-op.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return lambda: None
+    trim.argtypes = [ctypes.c_size_t]
+
+    def release() -> None:
+        trim(0)
+
+    return release
 
 
 def _own_process_metrics() -> None:

@@ -16,7 +16,7 @@ min-p before the draw.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple
 
 import torch
@@ -37,10 +37,10 @@ class Sampler:
     """One request's sampling state: its generator and the tokens its penalties look at."""
 
     def __init__(
-        self, params: SamplingParams, *, prompt: Sequence[int] = (), eos_id: int | None = None
+        self, params: SamplingParams, *, prompt: Sequence[int] = (), eos_ids: Collection[int] = ()
     ) -> None:
         self.params = params
-        self.eos_id = eos_id
+        self.eos_ids = tuple(sorted(eos_ids))
         self.generator = torch.Generator(device="cpu")
         self.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
         self.generated = 0
@@ -65,9 +65,7 @@ class Sampler:
         if self.generated >= self.params.min_tokens:
             return ()
         enders = self.params.stop_token_ids
-        if self.eos_id is not None and not self.params.ignore_eos:
-            enders = (*enders, self.eos_id)
-        return enders
+        return enders if self.params.ignore_eos else (*enders, *self.eos_ids)
 
     def seen(self, vocab: int) -> Tensor:
         if self._seen is None:

@@ -43,7 +43,7 @@ class RunningSequence:
     def __post_init__(self) -> None:
         self.scaling = self.served.effective_scaling(self.request.scaling)
         self.sampler = Sampler(
-            self.request.sampling, prompt=self.request.prompt_tokens, eos_id=self.served.spec.config.eos_id
+            self.request.sampling, prompt=self.request.prompt_tokens, eos_ids=self.served.spec.config.eos_ids
         )
         self.stream = TextStream(self.served.tokenizer.decode, self.request.sampling.stop)
 
@@ -106,7 +106,7 @@ class RunningSequence:
         """EOS and stop tokens end it once min_tokens are out (the sampler blocks them before)."""
         sampling = self.request.sampling
         if len(self.tokens) >= sampling.min_tokens:
-            if token == self.served.spec.config.eos_id and not sampling.ignore_eos:
+            if token in self.served.spec.config.eos_ids and not sampling.ignore_eos:
                 return "eos"
             if token in sampling.stop_token_ids:
                 return "stop"

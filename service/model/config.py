@@ -46,12 +46,15 @@ class ModelConfig:
     t5_max_distance: int = 128
     bos_id: int | None = 256
     eos_id: int | None = 257
+    extra_eos_ids: tuple[int, ...] = ()
     head_dim_override: int | None = None
     qkv_bias: bool = False
     sliding_window: int | None = None
     embedding_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        # JSON gives lists; a tuple keeps the config immutable like the rest of it.
+        object.__setattr__(self, "extra_eos_ids", tuple(int(token) for token in self.extra_eos_ids))
         if self.pe not in SCHEMES:
             raise ValueError(f"unknown positional scheme {self.pe!r}; expected one of {SCHEMES}")
         if self.n_heads % self.n_kv_heads:
@@ -68,6 +71,12 @@ class ModelConfig:
         return self.head_dim_override or self.d_model // self.n_heads
 
     @property
+    def eos_ids(self) -> frozenset[int]:
+        """Every token that ends a generation: `eos_id` and the extra ones (Llama 3 lists several)."""
+        main = () if self.eos_id is None else (self.eos_id,)
+        return frozenset((*main, *self.extra_eos_ids))
+
+    @property
     def rotary_dim(self) -> int:
         """Leading channels of each head that RoPE rotates (partial rotary keeps the rest as is)."""
         return int(self.head_dim * self.rotary_fraction)
@@ -75,6 +84,7 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["rope_scaling"] = dict(self.rope_scaling) if self.rope_scaling is not None else None
+        data["extra_eos_ids"] = list(self.extra_eos_ids)
         return data
 
     @classmethod

@@ -57,6 +57,7 @@ def hf_config_to_model_config(hf: Mapping[str, Any]) -> ModelConfig:
     hidden = int(hf["hidden_size"])
     head_dim = int(hf.get("head_dim") or hidden // n_heads)
     scaling = {key: value for key, value in rope.items() if key not in _ROPE_MODEL_KEYS}
+    eos_id, extra_eos_ids = _ids(hf.get("eos_token_id"))
     is_default = scaling.get("rope_type", scaling.get("type", "default")) == "default"
     return ModelConfig(
         vocab_size=int(hf["vocab_size"]),
@@ -73,8 +74,9 @@ def hf_config_to_model_config(hf: Mapping[str, Any]) -> ModelConfig:
         rope_layout="neox",
         rotary_fraction=float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))),
         rope_scaling=None if is_default else scaling,
-        bos_id=_first_id(hf.get("bos_token_id")),
-        eos_id=_first_id(hf.get("eos_token_id")),
+        bos_id=_ids(hf.get("bos_token_id"))[0],
+        eos_id=eos_id,
+        extra_eos_ids=extra_eos_ids,
         head_dim_override=head_dim if head_dim * n_heads != hidden else None,
         qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
         sliding_window=_sliding_window(hf),
@@ -126,7 +128,7 @@ def export_llama(model: Transformer, directory: Path) -> None:
         "partial_rotary_factor": config.rotary_fraction,
         "rope_parameters": rope_parameters,
         "bos_token_id": config.bos_id,
-        "eos_token_id": config.eos_id,
+        "eos_token_id": [config.eos_id, *config.extra_eos_ids] if config.extra_eos_ids else config.eos_id,
     }
     (directory / _CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
     tensors = {
@@ -164,11 +166,11 @@ def _their_key(key: str) -> str:
     return key if key.startswith("lm_head.") else f"model.{key}"
 
 
-def _first_id(value: int | list[int] | None) -> int | None:
-    """Llama 3 lists several EOS ids; the first is the one generation stops on here."""
-    if isinstance(value, list):
-        return int(value[0]) if value else None
-    return None if value is None else int(value)
+def _ids(value: int | list[int] | None) -> tuple[int | None, tuple[int, ...]]:
+    """A token id or a list of them (Llama 3 lists several EOS ids): (the first or None, the rest)."""
+    listed = value if isinstance(value, list) else [] if value is None else [value]
+    ids = [int(token) for token in listed]
+    return (ids[0], tuple(ids[1:])) if ids else (None, ())
 
 
 def _sliding_window(hf: Mapping[str, Any]) -> int | None:

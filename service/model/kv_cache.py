@@ -200,8 +200,13 @@ class KVCache:
             joined.append(cache)
         return joined
 
+    @torch.inference_mode(False)
     def _resize(self, slots: int, capacity: int) -> None:
-        """New buffers of `slots` x `capacity`, the active rows copied in, the rest zero."""
+        """New buffers of `slots` x `capacity`, the active rows copied in, the rest zero.
+
+        Normal tensors even when a forward pass (inference mode) grows the cache: the buffers
+        outlive the pass, and rows are moved in them outside it when others leave the batch.
+        """
         rows, length = self.batch_size, self.capacity
 
         def resized(buffer: Tensor) -> Tensor:

@@ -56,6 +56,15 @@ def test_compare_prints_one_column_per_scaling(capsys: pytest.CaptureFixture[str
     assert perplexities.count("prompt ppl") == 4
 
 
+def test_compare_waits_out_a_full_queue(capsys: pytest.CaptureFixture[str]) -> None:
+    """Eight generations at once against one batch slot and a one-place queue: six get 429 at
+    first, and the CLI retries each (as Retry-After says) until it runs, instead of failing."""
+    scalings = ",".join(["none", "linear", "ntk", "yarn"] * 2)
+    args = ["compare", "--pe", "rope", "--factor", "4", "--max-new-tokens", "4", "--scalings", scalings]
+    assert main([*args, PROMPT]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.splitlines()[0].count("yarn x4") == 2
+
+
 def test_models_lists_one_line_per_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["models"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -63,12 +63,16 @@ def test_error_body_agrees_with_openapi(openapi: dict[str, Any]) -> None:
 
 
 def test_stream_events_agree_with_openapi(openapi: dict[str, Any]) -> None:
-    """An event is a token, the end event or an error: the SDK reads exactly that union."""
+    """An event's JSON data is a token, the end event or an error: the SDK reads exactly that union."""
     components = openapi["components"]["schemas"]
     content = openapi["paths"]["/generate"]["post"]["responses"]["200"]["content"]
+    data = content["text/event-stream"]["schema"]["properties"]["data"]
+    (json_data,) = [
+        choice for choice in data["anyOf"] if choice.get("contentMediaType") == "application/json"
+    ]
     sdk_events = TypeAdapter(StreamToken | StreamEnd | ErrorBody).json_schema()
     assert shape(sdk_events, sdk_events.get("$defs", {}), request=False) == shape(
-        content["text/event-stream"]["schema"], components, request=False
+        json_data["contentSchema"], components, request=False
     )
 
 

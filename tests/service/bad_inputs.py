@@ -18,7 +18,7 @@ from pe_client.grpc._codec import request_message
 
 from service.grpc_api import pe_serve_pb2 as pb
 from tests.service import wire
-from tests.service.api.conftest import MAX_CONTEXT, NATIVE_CONTEXT
+from tests.service.api.conftest import MAX_CONTEXT, NATIVE_CONTEXT, ROTARY_FREQUENCIES
 from tests.service.api.helpers import ANY_PARAM
 
 GOOD: dict[str, Any] = {"prompt": "def f():", "max_new_tokens": 2}
@@ -217,6 +217,49 @@ CASES = [
         "pe_scaling.long_factor",
         scaling(type="longrope", short_factor=[1.0] * 8, long_factor=[1.0] * 4),
     ),
+    # Fields in range whose derived quantities are not (found by fuzzing: a 500 before).
+    BadRequest(
+        "yarn subnormal beta_slow",
+        422,
+        "pe_scaling.beta_slow",
+        scaling(type="yarn", factor=1.0, beta_slow=5e-324),
+    ),
+    BadRequest(
+        "score yarn subnormal beta_slow",
+        422,
+        "pe_scaling.beta_slow",
+        scaling(type="yarn", factor=1.0, beta_slow=5e-324),
+        drop=("max_new_tokens",),
+        path="/score",
+    ),
+    BadRequest(
+        "yarn subnormal attention_factor",
+        422,
+        "pe_scaling.attention_factor",
+        scaling(type="yarn", factor=2.0, attention_factor=5e-324),
+    ),
+    BadRequest(
+        "longrope subnormal short factors",
+        422,
+        "pe_scaling.short_factor",
+        scaling(
+            type="longrope",
+            short_factor=[5e-324] * ROTARY_FREQUENCIES,
+            long_factor=[1.0] * ROTARY_FREQUENCIES,
+        ),
+    ),
+    BadRequest(
+        "longrope attention factor at original length 1",
+        422,
+        "pe_scaling.original_max_position_embeddings",
+        scaling(
+            type="longrope",
+            factor=2.0,
+            original_max_position_embeddings=1,
+            short_factor=[1.0] * ROTARY_FREQUENCIES,
+            long_factor=[1.0] * ROTARY_FREQUENCIES,
+        ),
+    ),
     BadRequest(
         "longrope wrong list length",
         422,
@@ -273,7 +316,18 @@ CASES = [
     ),
     # Prompt and tokens.
     BadRequest("empty prompt", 422, "prompt", {"prompt": ""}),
-    BadRequest("prompt over max_context", 422, ANY_PARAM, {"prompt": "a" * (MAX_CONTEXT + 1)}),
+    BadRequest("prompt over max_context", 422, "prompt", {"prompt": "a" * (MAX_CONTEXT + 1)}),
+    BadRequest(
+        "tokens over max_context", 422, "tokens", {"tokens": [5] * (MAX_CONTEXT + 1)}, drop=("prompt",)
+    ),
+    BadRequest(
+        "score prompt over max_context",
+        422,
+        "prompt",
+        {"prompt": "a" * (ONE_MIB - 100)},
+        drop=("max_new_tokens",),
+        path="/score",
+    ),
     BadRequest(
         "prompt + max_new_tokens over max_context",
         422,

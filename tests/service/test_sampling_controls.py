@@ -31,7 +31,7 @@ PROMPT = (256, 72, 101, 108, 108, 111, 44, 32)
 def adjusted(
     params: SamplingParams, *, prompt: tuple[int, ...] = (), output: tuple[int, ...] = ()
 ) -> torch.Tensor:
-    sampler = Sampler(params, prompt=prompt, eos_id=EOS)
+    sampler = Sampler(params, prompt=prompt, eos_ids=(EOS,))
     adjusted_logits([sampler], LOGITS[None])  # allocates the penalty state as a step would
     for token in output:
         sampler.record(token)
@@ -55,13 +55,13 @@ def test_presence_and_frequency_penalties_follow_openai_over_output_tokens() -> 
 
 
 def test_min_tokens_blocks_eos_and_stop_tokens_until_reached() -> None:
-    sampler = Sampler(SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=(3,)), eos_id=EOS)
+    sampler = Sampler(SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=(3,)), eos_ids=(EOS,))
     picks = [sampler.sample(LOGITS)[0] for _ in range(3)]
     assert picks == [0, 0, EOS]  # 1 (EOS) and 3 (a stop token) are blocked for the first two
 
 
 def test_ignore_eos_does_not_block_eos_it_only_stops_it_ending_the_sequence() -> None:
-    sampler = Sampler(SamplingParams(temperature=0.0, ignore_eos=True, min_tokens=5), eos_id=EOS)
+    sampler = Sampler(SamplingParams(temperature=0.0, ignore_eos=True, min_tokens=5), eos_ids=(EOS,))
     assert sampler.blocked_tokens() == ()
 
 
@@ -93,7 +93,7 @@ def test_rows_with_different_controls_in_one_call_get_what_each_gets_alone() -> 
     rows = torch.stack([LOGITS, LOGITS.flip(0), LOGITS * 2, LOGITS - 1])
 
     def run(indices: list[int]) -> list[list[tuple[int, float]]]:
-        samplers = [Sampler(settings[i], prompt=(1, 4), eos_id=EOS) for i in indices]
+        samplers = [Sampler(settings[i], prompt=(1, 4), eos_ids=(EOS,)) for i in indices]
         steps = [sample_rows(samplers, rows[indices]) for _ in range(5)]
         return [[(step[j].token, step[j].logprob) for step in steps] for j in range(len(indices))]
 

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     from pe_client.grpc import AsyncGrpcPEClient, GrpcPEClient
 
 COLUMN_GAP = " | "
+# `compare` sends all its requests at once; a server with a small queue turns some away with 429
+# and a Retry-After, and the CLI is meant to wait those out rather than give up after the SDK's two.
+CLI_MAX_RETRIES = 10
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,6 +61,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         default=None,
         help="talk gRPC to this target instead of HTTP (pe-client[grpc])",
+    )
+    parser.add_argument(
+        "--max-retries",
+        type=int,
+        default=CLI_MAX_RETRIES,
+        metavar="N",
+        help=f"retries of a request refused as busy (429, 503) or cut off (default {CLI_MAX_RETRIES})",
     )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
@@ -89,18 +99,18 @@ def _parser() -> argparse.ArgumentParser:
 def _client(args: argparse.Namespace) -> PEClient | GrpcPEClient:
     """The HTTP client, or with `--grpc` the gRPC one (imported only then: it needs the extra)."""
     if args.grpc is None:
-        return PEClient(args.url, api_key=args.api_key)
+        return PEClient(args.url, api_key=args.api_key, max_retries=args.max_retries)
     from pe_client.grpc import GrpcPEClient
 
-    return GrpcPEClient(args.grpc, api_key=args.api_key)
+    return GrpcPEClient(args.grpc, api_key=args.api_key, max_retries=args.max_retries)
 
 
 def _async_client(args: argparse.Namespace) -> AsyncPEClient | AsyncGrpcPEClient:
     if args.grpc is None:
-        return AsyncPEClient(args.url, api_key=args.api_key)
+        return AsyncPEClient(args.url, api_key=args.api_key, max_retries=args.max_retries)
     from pe_client.grpc import AsyncGrpcPEClient
 
-    return AsyncGrpcPEClient(args.grpc, api_key=args.api_key)
+    return AsyncGrpcPEClient(args.grpc, api_key=args.api_key, max_retries=args.max_retries)
 
 
 def _add_generation_options(parser: argparse.ArgumentParser) -> None:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.live_server import REPO_ROOT, start_server
 from tests.service.api.conftest import BASE_OPTIONS, SERVER_ENV
@@ -57,8 +61,39 @@ def test_sigterm_lets_the_running_request_finish_and_exits_zero(tiny_zoo: list[P
         server.log_path.unlink(missing_ok=True)
 
 
-def test_a_server_that_cannot_load_its_models_exits_non_zero(tmp_path: Path) -> None:
-    missing = tmp_path / "no-such-checkpoint"
+def _missing(directory: Path) -> None:
+    """Nothing at the path."""
+
+
+def _config_not_json(directory: Path) -> None:
+    (directory / "config.json").write_text("{not json")
+
+
+def _truncated_weights(directory: Path) -> None:
+    weights = directory / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+
+
+def _hf_without_tokenizer(directory: Path) -> None:
+    (directory / "config.json").write_text(json.dumps({"model_type": "llama"}))
+
+
+BAD_STARTS = {
+    "missing": _missing,
+    "config not JSON": _config_not_json,
+    "truncated weights": _truncated_weights,
+    "HF without tokenizer": _hf_without_tokenizer,
+}
+
+
+@pytest.mark.parametrize("spoil", BAD_STARTS.values(), ids=list(BAD_STARTS))
+def test_a_bad_model_directory_is_named_in_one_line_and_exits_one(
+    tiny_zoo: list[Path], tmp_path: Path, spoil: Callable[[Path], None]
+) -> None:
+    directory = tmp_path / "bad-model"
+    if spoil is not _missing:
+        shutil.copytree(tiny_zoo[0], directory)
+    spoil(directory)
     command = [
         sys.executable,
         "-m",
@@ -68,11 +103,15 @@ def test_a_server_that_cannot_load_its_models_exits_non_zero(tmp_path: Path) -> 
         "--grpc-port",
         "0",
         "--model-dir",
-        str(missing),
+        str(directory),
     ]
-    finished = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
-    assert finished.returncode == 1
-    failure = next(
-        json.loads(line) for line in finished.stderr.splitlines() if "model loading failed" in line
+    finished = subprocess.run(
+        command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, **SERVER_ENV}
     )
-    assert failure["level"] == "error" and str(missing) in failure["exc_info"]
+    assert finished.returncode == 1
+    lines = [json.loads(line) for line in finished.stderr.splitlines() if line.startswith("{")]
+    errors = [line for line in lines if line["level"] == "error"]
+    assert len(errors) == 1, finished.stderr
+    assert errors[0]["message"].startswith("model loading failed: ")
+    assert str(directory) in errors[0]["message"]
+    assert "Traceback" not in finished.stderr

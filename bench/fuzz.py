@@ -1,0 +1,202 @@
+"""Schemathesis against the live server's `/openapi.json`: every route, every check, counted.
+
+`run_fuzz(base_url, ...)` runs `st run` over the server's own description with all of
+schemathesis' checks (no 5xx, responses and SSE events match their schema, documented statuses,
+content types and headers, schema-invalid input refused) except `positive_data_acceptance`,
+with a response-time limit of 300 s (latency is the soak's to measure).
+A body can be valid by the schema and still be refused 422 by design, for rules that JSON Schema
+does not carry here (exactly one of `prompt` / `tokens`, prompt plus `max_new_tokens` within the
+model's context, scalings a scheme supports), so that check would only report the API working.
+
+The server's own `pe_serve_requests_total` is read before and after, so the figures count what
+the server answered, by status, not only what schemathesis thinks it sent.
+
+    python -m bench.fuzz [--max-examples N] [--max-time-s S] [--workers N] [--seed N] [--output PATH]
+
+starts a server on the bundled zoo, runs the fuzzer and writes `bench/results/fuzz.md`; it exits 1
+if any response was a 5xx or any check failed. `make test` runs a bounded pass against the test
+server (tests/service/api/test_fuzz.py); `make fuzz` is the long run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.live_server import OptionValue, live_server
+
+EXCLUDED_CHECKS = ("positive_data_acceptance",)
+RESULTS = Path(__file__).resolve().parent / "results" / "fuzz.md"
+# Also the response-time check's limit (schemathesis' default is 10 s): latency is the soak's to
+# measure, and a long generation on two busy cores must not make the bounded CI run fail.
+REQUEST_TIMEOUT_S = 300
+_REQUESTS_SAMPLE = re.compile(r'^pe_serve_requests_total\{endpoint="([^"]*)",status="(\d+)"\} (\S+)$', re.M)
+
+
+@dataclass(frozen=True)
+class FuzzResult:
+    command: list[str]
+    seconds: float
+    test_cases: int
+    failures: list[dict[str, Any]]
+    errors: list[Any]
+    statuses: Counter[tuple[str, int]]  # (endpoint, status) -> responses, from the server's metrics
+
+    @property
+    def requests(self) -> int:
+        return sum(self.statuses.values())
+
+    @property
+    def server_errors(self) -> int:
+        return sum(count for (_, status), count in self.statuses.items() if status >= 500)
+
+    @property
+    def clean(self) -> bool:
+        return not self.failures and not self.errors and self.server_errors == 0
+
+
+def answered(base_url: str) -> Counter[tuple[str, int]]:
+    """Responses so far by endpoint and status, as the server counts them."""
+    text = httpx.get(f"{base_url}/metrics", timeout=30.0).text
+    return Counter(
+        {
+            (endpoint, int(status)): int(float(value))
+            for endpoint, status, value in _REQUESTS_SAMPLE.findall(text)
+        }
+    )
+
+
+def run_fuzz(
+    base_url: str,
+    *,
+    max_examples: int,
+    workers: int = 1,
+    seed: int | None = None,
+    max_time_s: float | None = None,
+    headers: dict[str, str] | None = None,
+) -> FuzzResult:
+    """One schemathesis run; raises if schemathesis itself could not run (not for findings)."""
+    with tempfile.TemporaryDirectory(prefix="pe-serve-fuzz-") as report_dir:
+        command = [
+            str(Path(sys.executable).with_name("st")),
+            "run",
+            f"{base_url}/openapi.json",
+            "--checks",
+            "all",
+            "--exclude-checks",
+            ",".join(EXCLUDED_CHECKS),
+            "--max-examples",
+            str(max_examples),
+            "--workers",
+            str(workers),
+            "--request-timeout",
+            str(REQUEST_TIMEOUT_S),
+            "--max-response-time",
+            str(REQUEST_TIMEOUT_S),
+            "--generation-database",
+            "none",
+            "--report",
+            "json",
+            "--report-dir",
+            report_dir,
+        ]
+        if seed is not None:
+            command += ["--seed", str(seed)]
+        if max_time_s is not None:
+            command += ["--max-time", str(round(max_time_s))]
+        for name, value in (headers or {}).items():
+            command += ["--header", f"{name}: {value}"]
+        before = answered(base_url)
+        started = time.monotonic()
+        finished = subprocess.run(command, capture_output=True, text=True, check=False)
+        seconds = time.monotonic() - started
+        statuses = answered(base_url)
+        statuses.subtract(before)
+        reports = sorted(Path(report_dir).glob("*.json"))
+        if not reports:
+            output = finished.stdout + finished.stderr
+            raise RuntimeError(f"schemathesis wrote no report (exit {finished.returncode}):\n{output}")
+        report = json.loads(reports[-1].read_text())
+    # Scrapes of /metrics itself count too; they are requests the server answered like any other.
+    return FuzzResult(
+        command=command,
+        seconds=seconds,
+        test_cases=report["test_cases"]["generated"],
+        failures=report["failures"],
+        errors=report["errors"],
+        statuses=+statuses,
+    )
+
+
+def markdown(result: FuzzResult, invocation: str) -> str:
+    rows = "\n".join(
+        f"| `{endpoint}` | {status} | {count} |"
+        for (endpoint, status), count in sorted(result.statuses.items())
+    )
+    failures = "\n".join(f"- {json.dumps(failure)}" for failure in result.failures) or "none"
+    return f"""# Fuzzing: schemathesis against `/openapi.json`
+
+Run: `{invocation}` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {result.seconds / 60:.1f} min.
+Schemathesis: `{shlex.join(["st", *result.command[1:]])}`
+(every check but {", ".join(f"`{name}`" for name in EXCLUDED_CHECKS)}; see `bench/fuzz.py` for why).
+
+| figure | value |
+|---|---|
+| test cases generated | {result.test_cases} |
+| requests the server answered | {result.requests} |
+| 5xx responses | {result.server_errors} |
+| check failures | {len(result.failures)} |
+| schemathesis errors | {len(result.errors)} |
+
+Failures: {failures}
+
+Responses by endpoint and status (the server's `pe_serve_requests_total`, before/after difference):
+
+| endpoint | status | responses |
+|---|---|---|
+{rows}
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--max-examples", type=int, default=2000, help="examples per operation and phase")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--max-time-s", type=float, default=None, help="time budget; fuzzing repeats until it is spent"
+    )
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    options: dict[str, OptionValue] = {"device": "cpu", "max_context": 1024, "max_queue": 0}
+    with live_server([], options=options, env={"OMP_NUM_THREADS": "1"}) as server:
+        result = run_fuzz(
+            server.base_url,
+            max_examples=args.max_examples,
+            workers=args.workers,
+            seed=args.seed,
+            max_time_s=args.max_time_s,
+        )
+    invocation = shlex.join(["python", "-m", "bench.fuzz", *(argv if argv is not None else sys.argv[1:])])
+    args.output.write_text(markdown(result, invocation))
+    print(markdown(result, invocation))
+    return 0 if result.clean else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
