@@ -100,9 +100,10 @@ def replica_settings(overrides: Mapping[str, Any]) -> Settings:
     """`Settings` as a replica sees them: PE_SERVE_* from its environment, then `overrides`.
 
     Host and port are Serve's proxy's business, not the replica's; the engine runs on a thread
-    unless `engine_mode` says otherwise (see the module docstring).
+    unless `engine_mode` says otherwise (see the module docstring). The gRPC API is off unless
+    `grpc_port` is given: replicas sharing a host would all bind its default port.
     """
-    return Settings(**{"engine_mode": "thread", **overrides})
+    return Settings(**{"engine_mode": "thread", "grpc_port": 0, **overrides})
 
 
 def _wait_until_ready(original: Any, state: ServiceState) -> Any:

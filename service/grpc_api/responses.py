@@ -6,14 +6,32 @@ perplexity, the resolved `pe` block), so the two protocols cannot disagree about
 
 from __future__ import annotations
 
-from service.api.convert import finish_reason, model_card, pe_block, score_response, timing_block, usage
+from service.api.convert import (
+    TokenText,
+    finish_reason,
+    model_card,
+    pe_block,
+    score_response,
+    timing_block,
+    top_logprob_entries,
+    usage,
+)
 from service.engine.types import GenerationResult, ModelInfo, PEInfo, ScoreResult, TokenEvent
 from service.grpc_api import pe_serve_pb2 as pb
 from service.grpc_api.codec import scaling_message
 
 
-def token_chunk(event: TokenEvent) -> pb.GenerateResponse:
-    return pb.GenerateResponse(token=pb.TokenChunk(token=event.token, text=event.text, logprob=event.logprob))
+def token_chunk(event: TokenEvent, text: TokenText) -> pb.GenerateResponse:
+    """One token; its alternatives (when asked for) are the very entries an SSE event carries."""
+    alternatives = (
+        [pb.TopLogprob(**entry.model_dump()) for entry in top_logprob_entries(event.top_logprobs, text)]
+        if event.top_logprobs is not None
+        else None
+    )
+    chunk = pb.TokenChunk(
+        token=event.token, text=event.text, logprob=event.logprob, top_logprobs=alternatives
+    )
+    return pb.GenerateResponse(token=chunk)
 
 
 def generate_end(request_id: str, model: str, result: GenerationResult) -> pb.GenerateResponse:

@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from service.api.convert import token_text
 from service.api.errors import APIError, as_api_error
 from service.api.handles import FirstTokenTimer
 from service.api.inputs import prepare_input
@@ -98,13 +99,14 @@ class PEServeServicer:
                 scaling=prepared.scaling,
             )
             first_token = FirstTokenTimer(self._metrics, call.started)
+            text = token_text(engine, job.model)
             async with self._registered(engine, job) as running:
                 # Accepted: headers go out now, so a client can tell a queued request from a refused one.
                 await context.send_initial_metadata(((REQUEST_ID_KEY, call.request_id),))
                 async for event in running.handle:
                     first_token(event)
                     if isinstance(event, TokenEvent):
-                        yield token_chunk(event)
+                        yield token_chunk(event, text)
                     elif isinstance(event, GenerationResult):
                         end = generate_end(call.request_id, job.model, event)
                         running.finished = True

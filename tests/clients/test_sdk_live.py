@@ -136,6 +136,13 @@ def test_sampling_controls_and_top_logprobs_go_through_the_sdk(client: SyncClien
     assert result.top_logprobs is not None and [len(entry) for entry in result.top_logprobs] == [3] * 6
     streamed = [event for event in client.generate_stream(**controls) if isinstance(event, StreamToken)]
     assert [event.top_logprobs for event in streamed] == result.top_logprobs
+    plain: GenerateParams = {"prompt": "ab", "max_new_tokens": 2}
+    assert client.generate(**plain).top_logprobs is None
+    assert all(
+        event.top_logprobs is None
+        for event in client.generate_stream(**plain)
+        if isinstance(event, StreamToken)
+    )
     with pytest.raises(UnprocessableEntityError) as raised:
         client.generate(prompt="ab", min_p=2.0)
     assert raised.value.param == "min_p"

@@ -62,11 +62,18 @@ def as_generation(responses: list[pb.GenerateResponse]) -> dict[str, Any]:
         "logprobs": [chunk.logprob for chunk in chunks]
         if all(chunk.HasField("logprob") for chunk in chunks)
         else None,
+        "top_logprobs": [[alternative(entry) for entry in chunk.top_logprobs] for chunk in chunks]
+        if chunks and all(chunk.top_logprobs for chunk in chunks)
+        else None,
         "text": "".join(chunk.text for chunk in chunks),
         "finish_reason": end.finish_reason,
         "usage": {"prompt_tokens": end.usage.prompt_tokens, "completion_tokens": end.usage.completion_tokens},
         "model": end.model,
     }
+
+
+def alternative(entry: pb.TopLogprob) -> dict[str, Any]:
+    return {"token": entry.token, "text": entry.text, "logprob": entry.logprob}
 
 
 def trailing(error: grpc.RpcError) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """The same request over HTTP and over gRPC gives the same generation: tokens, logprobs, text, pe block.
 
-Greedy and seeded, for every scheme and, on RoPE, every scaling type; then a mixed-scaling batch
+Greedy and seeded, for every scheme and, on RoPE, every scaling type; with every sampling control
+and `top_logprobs`; then a mixed batch (every scaling type, half the rows with the controls)
 where HTTP and gRPC twins run at once and share decode steps.
 """
 
@@ -38,6 +39,17 @@ SCALINGS: dict[str, dict[str, Any]] = {
     },
 }
 SAMPLING = {"greedy": {"temperature": 0.0}, "seeded": {"temperature": 0.8, "top_k": 20, "seed": 7}}
+# Every control of docs/http-api.md "Sampling controls" away from its default at once.
+CONTROLS: dict[str, Any] = {
+    "min_p": 0.05,
+    "repetition_penalty": 1.3,
+    "presence_penalty": 0.4,
+    "frequency_penalty": -0.3,
+    "ignore_eos": True,
+    "min_tokens": 4,
+    "stop_token_ids": [10, 32],
+    "top_logprobs": 5,
+}
 
 
 def body(scheme: str, sampling: str, scaling: str | None = None, new_tokens: int = 12) -> dict[str, Any]:
@@ -78,6 +90,7 @@ def assert_same_generation(
     for key in ("tokens", "text", "finish_reason", "usage", "model"):
         assert via_grpc[key] == http[key], key
     assert via_grpc["logprobs"] == pytest.approx(http["logprobs"], abs=logprob_tolerance, rel=0)
+    assert_same_alternatives(via_grpc["top_logprobs"], http.get("top_logprobs"), logprob_tolerance)
     pe = responses[-1].end.pe
     assert scaling_fields(pe.scaling) == http["pe"]["scaling"]
     assert (pe.scheme, pe.attention_factor, pe.native_context, pe.max_context) == (
@@ -85,6 +98,21 @@ def assert_same_generation(
         http["pe"]["attention_factor"],
         http["pe"]["native_context"],
         http["pe"]["max_context"],
+    )
+
+
+def assert_same_alternatives(
+    via_grpc: list[list[dict[str, Any]]] | None, http: list[list[dict[str, Any]]] | None, tolerance: float
+) -> None:
+    """The same alternatives (token and text) in the same order, their logprobs within `tolerance`."""
+    if http is None or via_grpc is None:
+        assert via_grpc is None and http is None
+        return
+    assert [[(entry["token"], entry["text"]) for entry in position] for position in via_grpc] == [
+        [(entry["token"], entry["text"]) for entry in position] for position in http
+    ]
+    assert [entry["logprob"] for position in via_grpc for entry in position] == pytest.approx(
+        [entry["logprob"] for position in http for entry in position], abs=tolerance, rel=0
     )
 
 
@@ -96,6 +124,19 @@ def test_http_and_grpc_generate_the_same(
     assert_same_generation(over_http(client, request), generate(grpc_channel, request, timeout=60))
 
 
+@pytest.mark.parametrize("sampling", SAMPLING)
+@pytest.mark.parametrize("scaling", [None, "yarn"], ids=lambda value: str(value))
+def test_sampling_controls_and_top_logprobs_are_the_same_over_both_protocols(
+    client: httpx.Client, grpc_channel: grpc.Channel, sampling: str, scaling: str | None
+) -> None:
+    request = {**body("rope", sampling, scaling), **CONTROLS}
+    http = over_http(client, request)
+    assert [len(position) for position in http["top_logprobs"]] == [CONTROLS["top_logprobs"]] * len(
+        http["tokens"]
+    )
+    assert_same_generation(http, generate(grpc_channel, request, timeout=60))
+
+
 def test_a_mixed_scaling_batch_of_both_protocols_gives_the_same_as_each_alone(
     client: httpx.Client, grpc_channel: grpc.Channel
 ) -> None:
@@ -104,7 +145,10 @@ def test_a_mixed_scaling_batch_of_both_protocols_gives_the_same_as_each_alone(
     The twins give the same tokens as each other and as the request run alone; their logprobs agree
     within `BATCH_NOISE` (exactly when run one at a time, as in the test above).
     """
-    requests = [body("rope", "seeded", scaling, new_tokens=200) for scaling in SCALINGS if scaling != "none"]
+    requests = [
+        {**body("rope", "seeded", scaling, new_tokens=200), **(CONTROLS if row % 2 else {})}
+        for row, scaling in enumerate(scaling for scaling in SCALINGS if scaling != "none")
+    ]
     alone = [over_http(client, request) for request in requests]
     peak = 0.0
     done = threading.Event()
@@ -130,3 +174,4 @@ def test_a_mixed_scaling_batch_of_both_protocols_gives_the_same_as_each_alone(
         assert_same_generation(http, responses, logprob_tolerance=BATCH_NOISE)
         assert http["tokens"] == solo["tokens"]
         assert http["logprobs"] == pytest.approx(solo["logprobs"], abs=BATCH_NOISE, rel=0)
+        assert_same_alternatives(http.get("top_logprobs"), solo.get("top_logprobs"), BATCH_NOISE)

@@ -30,6 +30,7 @@ from pe_client.types import (
     StreamEnd,
     StreamEvent,
     StreamToken,
+    TopLogprob,
 )
 
 DEFAULT_TARGET = "127.0.0.1:50051"
@@ -139,24 +140,34 @@ def model_list(message: pb.ListModelsResponse) -> list[ModelInfo]:
 
 
 class GrpcStreamState:
-    """What both stream kinds accumulate: the tokens, text and logprobs so far, and the final event."""
+    """What both stream kinds accumulate: the tokens, text, logprobs and alternatives so far, and the end.
+
+    A chunk's `top_logprobs` is an empty repeated field when none were asked for; it becomes None,
+    as the HTTP stream leaves the key out.
+    """
 
     def __init__(self, message: pb.GenerateRequest) -> None:
         self.request_id = message.request_id
         self.text = ""
         self.tokens: list[int] = []
         self.logprobs: list[float] | None = [] if message.logprobs else None
+        self.top_logprobs: list[list[TopLogprob]] | None = [] if message.top_logprobs else None
         self.final: StreamEnd | None = None
 
     def _accept(self, response: pb.GenerateResponse) -> StreamEvent:
         if response.HasField("end"):
             self.final = StreamEnd.model_validate(response_fields(response.end))
             return self.final
-        token = StreamToken.model_validate(response_fields(response.token))
+        fields = response_fields(response.token)
+        if self.top_logprobs is None:
+            fields["top_logprobs"] = None
+        token = StreamToken.model_validate(fields)
         self.text += token.text
         self.tokens.append(token.token)
         if self.logprobs is not None and token.logprob is not None:
             self.logprobs.append(token.logprob)
+        if self.top_logprobs is not None and token.top_logprobs is not None:
+            self.top_logprobs.append(token.top_logprobs)
         return token
 
     def result(self) -> GenerateResponse:
@@ -169,6 +180,7 @@ class GrpcStreamState:
             text=self.text,
             tokens=self.tokens,
             logprobs=self.logprobs,
+            top_logprobs=self.top_logprobs,
             finish_reason=self.final.finish_reason,
             usage=self.final.usage,
             pe=self.final.pe,
