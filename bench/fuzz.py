@@ -43,7 +43,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "fuzz.md"
 # Also the response-time check's limit (schemathesis' default is 10 s): latency is the soak's to
 # measure, and a long generation on two busy cores must not make the bounded CI run fail.
 REQUEST_TIMEOUT_S = 300
-_REQUESTS_SAMPLE = re.compile(r'^pe_serve_requests_total\{endpoint="([^"]*)",status="(\d+)"\} (\S+)$', re.M)
+_REQUESTS_SAMPLE = re.compile(r"^pe_serve_requests_total\{([^}]*)\} (\S+)$", re.M)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 @dataclass(frozen=True)
@@ -69,14 +70,14 @@ class FuzzResult:
 
 
 def answered(base_url: str) -> Counter[tuple[str, int]]:
-    """Responses so far by endpoint and status, as the server counts them."""
+    """HTTP responses so far by endpoint and status, as the server counts them (all label sets)."""
     text = httpx.get(f"{base_url}/metrics", timeout=30.0).text
-    return Counter(
-        {
-            (endpoint, int(status)): int(float(value))
-            for endpoint, status, value in _REQUESTS_SAMPLE.findall(text)
-        }
-    )
+    counts: Counter[tuple[str, int]] = Counter()
+    for labels, value in _REQUESTS_SAMPLE.findall(text):
+        named = dict(_LABEL.findall(labels))
+        if named.get("protocol", "http") == "http":
+            counts[(named["endpoint"], int(named["status"]))] += int(float(value))
+    return counts
 
 
 def run_fuzz(
