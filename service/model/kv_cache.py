@@ -20,11 +20,38 @@ engine recomputes that row from its tokens (`service.model.refresh`).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from service.model.config import ModelConfig
+
+
+class RowCache(Protocol):
+    """What `Transformer.forward` needs of a cache: rows with lengths, written a pass at a time.
+
+    `KVCache` (contiguous rows, for scoring and tests) and `PagedRows` (rows of a block pool, for
+    serving) both provide it.
+    """
+
+    @property
+    def lengths(self) -> list[int]: ...
+
+    @property
+    def table_keys(self) -> list[Hashable]: ...
+
+    def reserve(self, new_tokens: int) -> None: ...
+
+    def write(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def advance(
+        self, tokens: Tensor, table_keys: Sequence[Hashable], counts: Sequence[int] | None = None
+    ) -> None: ...
+
+    def row_tokens(self, row: int) -> Tensor: ...
+
+    def replace_row(self, row: int, source: KVCache) -> None: ...
 
 
 class KVCache:

@@ -12,9 +12,10 @@ import dataclasses
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_runtime import PECache, PEConfigError, RopeScaling, RopeTables, alibi_bias, rope_seq_len_key
@@ -60,6 +61,21 @@ class PositionalInputs:
     rope: tuple[Tensor, Tensor] | None  # cos, sin [B|1, 1, Tq, rotary_dim] for the new tokens
     attn_mask: Tensor | None  # additive [B|1, n_heads|1, Tq, Tk], -inf where a key is not visible
     causal: bool  # with no mask: causal attention (True) or every key visible (False)
+
+
+class StepTables(NamedTuple):
+    """Positional tables for a fixed-shape decode step (`service.model.decode_step.StepInputs`).
+
+    The tables every row reads are stacked once, `table_index` saying which one each row uses;
+    they stay valid until a row joins, leaves or changes table, so a step only indexes them.
+    """
+
+    table_index: Tensor | None  # [B]
+    rope_cos: Tensor | None  # [U, W, rotary_dim]
+    rope_sin: Tensor | None
+    absolute: Tensor | None  # [U, W, d_model]
+    alibi_slopes: Tensor | None  # [H]
+    t5_buckets: Tensor | None  # [2 W - 1]
 
 
 @dataclass(frozen=True)
@@ -146,6 +162,82 @@ class PositionalEncoding(nn.Module):
             attn_mask=mask,
             causal=mask is None and not sees_all,
         )
+
+    def step_tables(
+        self,
+        scalings: Sequence[RopeScaling],
+        table_lengths: Sequence[int],
+        window: int,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> StepTables:
+        """The tables the rows of a decode step read, each row's for its scaling and table length.
+
+        Tables span the step's window of `window` positions; rows sharing a table share its entry.
+        Raises PEConfigError where `forward` would (a scaling the scheme cannot apply, a position
+        past a learned table).
+        """
+        for scaling in set(scalings):
+            self.check_scaling(scaling)
+        pe = self.config.pe
+        if pe == "rope":
+            first_row: dict[tuple[RopeScaling, Hashable], int] = {}
+            keys = [(s, self.table_key(s, length)) for s, length in zip(scalings, table_lengths, strict=True)]
+            for row, key in enumerate(keys):
+                first_row.setdefault(key, row)
+            tables = [
+                self.cache.rope(
+                    self.config.rotary_dim,
+                    self.config.rope_base,
+                    key[0],
+                    window,
+                    device=device,
+                    dtype=dtype,
+                    layout=self.config.rope_layout,
+                    seq_len=table_lengths[row],
+                )
+                for key, row in first_row.items()
+            ]
+            order = list(first_row)
+            return StepTables(
+                table_index=torch.tensor([order.index(key) for key in keys], device=device),
+                rope_cos=torch.stack([table.cos for table in tables]),
+                rope_sin=torch.stack([table.sin for table in tables]),
+                absolute=None,
+                alibi_slopes=None,
+                t5_buckets=None,
+            )
+        if pe in ("learned", "sinusoidal"):
+            factors = [_linear_factor(scaling) for scaling in scalings]
+            order_factors = list(dict.fromkeys(factors))
+            # A learned table is checked against the furthest position; a sinusoidal one is built
+            # for the whole window, so the stack stays the same from step to step.
+            needed = max(table_lengths) if self.learned_table is not None else window
+            stacked = []
+            for factor in order_factors:
+                table = self._absolute_table(factor, needed, device)[:window]
+                stacked.append(F.pad(table, (0, 0, 0, window - table.shape[0])))
+            absolute = torch.stack(stacked).to(dtype)
+            index = torch.tensor([order_factors.index(factor) for factor in factors], device=device)
+            return StepTables(index, None, None, absolute, None, None)
+        slopes = (
+            self.cache.alibi_slopes(self.config.n_heads, device=device, dtype=torch.float32)
+            if pe == "alibi"
+            else None
+        )
+        buckets = (
+            self.cache.t5_buckets(
+                window,
+                bidirectional=False,
+                num_buckets=self.config.t5_num_buckets,
+                max_distance=self.config.t5_max_distance,
+                device=device,
+            )
+            if pe == "t5_bias"
+            else None
+        )
+        return StepTables(None, None, None, None, slopes, buckets)
 
     def table_key(self, scaling: RopeScaling, total_length: int) -> Hashable:
         """What a row's positional table depends on at `total_length` besides fixed parameters.

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pe_runtime import RopeScaling
-from service.model.kv_cache import KVCache
+from service.model.kv_cache import RowCache
 from service.model.transformer import Transformer
 
 
 def stale_rows(
-    model: Transformer, cache: KVCache, scalings: Sequence[RopeScaling], table_lengths: Sequence[int]
+    model: Transformer, cache: RowCache, scalings: Sequence[RopeScaling], table_lengths: Sequence[int]
 ) -> list[int]:
     """Rows whose cached entries were computed under another table than the one they now need."""
     positions = model.positions
@@ -33,7 +33,7 @@ def stale_rows(
 
 
 def recompute_row(
-    model: Transformer, cache: KVCache, row: int, scaling: RopeScaling, table_length: int
+    model: Transformer, cache: RowCache, row: int, scaling: RopeScaling, table_length: int
 ) -> None:
     """Rebuild one row's entries from its tokens under the table for `table_length`.
 

@@ -17,24 +17,27 @@ from torch import Tensor, nn
 from pe_runtime import PECache, RopeScaling
 from pe_runtime.rope import apply_rope
 from service.model.config import ModelConfig
-from service.model.kv_cache import KVCache
+from service.model.kv_cache import KVCache, RowCache
 from service.model.positional import PositionalEncoding, PositionalInputs
 
 ScalingArg = RopeScaling | Sequence[RopeScaling] | None
 
 
-class RMSNorm(nn.Module):
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Root-mean-square norm computed in float32, as Llama does, then cast back."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
 
+
+class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -50,7 +53,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(config.n_heads * head_dim, config.d_model, bias=False)
 
     def forward(
-        self, x: Tensor, positions: PositionalInputs, cache: KVCache | None, layer_index: int
+        self, x: Tensor, positions: PositionalInputs, cache: RowCache | None, layer_index: int
     ) -> Tensor:
         batch, length, _ = x.shape
         queries = self._heads(self.q_proj(x), self.config.n_heads)  # [B, H, Tq, hd]
@@ -101,7 +104,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: Tensor, positions: PositionalInputs, cache: KVCache | None, layer_index: int
+        self, x: Tensor, positions: PositionalInputs, cache: RowCache | None, layer_index: int
     ) -> Tensor:
         x = x + self.attn(self.attn_norm(x), positions, cache, layer_index)
         output: Tensor = x + self.mlp(self.mlp_norm(x))
@@ -135,7 +138,7 @@ class Transformer(nn.Module):
         tokens: Tensor,
         *,
         scaling: ScalingArg = None,
-        cache: KVCache | None = None,
+        cache: RowCache | None = None,
         last_n: int | None = None,
         table_lengths: Sequence[int] | None = None,
         counts: Sequence[int] | None = None,
@@ -171,7 +174,7 @@ class Transformer(nn.Module):
         tokens: Tensor,
         *,
         scaling: ScalingArg = None,
-        cache: KVCache | None = None,
+        cache: RowCache | None = None,
         table_lengths: Sequence[int] | None = None,
     ) -> Tensor:
         """tokens [B, T] -> normed last hidden states [B, T, d_model], before the output head.
@@ -186,7 +189,7 @@ class Transformer(nn.Module):
 
     def _advance(
         self,
-        cache: KVCache,
+        cache: RowCache,
         tokens: Tensor,
         scalings: Sequence[RopeScaling],
         table_lengths: Sequence[int] | None,
@@ -200,7 +203,7 @@ class Transformer(nn.Module):
         self,
         tokens: Tensor,
         scalings: Sequence[RopeScaling],
-        cache: KVCache | None,
+        cache: RowCache | None,
         table_lengths: Sequence[int] | None,
         counts: Sequence[int] | None = None,
     ) -> Tensor:

@@ -1,0 +1,170 @@
+"""When and how decode steps take the compiled path (`service.model.decode_step`).
+
+The compiled step has one entry per window bucket (a power of two of positions, from
+`MIN_WINDOW` to the decoder's `max_window`) and, within a bucket, one for a lone row and one for
+any larger batch (the batch size is a dynamic dimension; 1 is special-cased by the compiler
+anyway). Compiling them all is paid once at start-up (`warm_up`), and the compiled code is shared
+by every model of the same architecture and scheme. Everything else takes the eager path: a
+window past `max_window` (long contexts, where attention's memory reads dominate and the
+compiler gains little), and schemes whose attention is not a bias on the scores.
+
+The positional tables a batch reads are gathered into stacks once and reused while the rows, their
+tables and the window stay the same; a step then only indexes them through `table_index`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Hashable, Sequence
+
+import torch
+from torch import Tensor
+
+from pe_runtime import RopeScaling
+from service.model.config import Scheme
+from service.model.decode_step import StepInputs, decode_one_token, pack_weights, step_shape
+from service.model.paged_cache import PagedKVCache, PagedRows
+from service.model.positional import StepTables
+from service.model.transformer import Transformer
+
+logger = logging.getLogger("service.model.fast_decode")
+
+FAST_SCHEMES: frozenset[Scheme] = frozenset({"rope", "nope", "alibi", "t5_bias", "learned", "sinusoidal"})
+MIN_WINDOW = 64
+DEFAULT_MAX_WINDOW = 512
+
+StepFunction = Callable[..., Tensor]
+
+
+@functools.cache
+def compiled_step() -> StepFunction:
+    """`decode_one_token` under `torch.compile`, one per process.
+
+    Automatic dynamic shapes are off so that a new window bucket compiles a static entry instead
+    of turning the window into a symbol (symbolic windows made a lone row's step 3x slower); the
+    batch dimension is marked dynamic explicitly. The entry limit covers every bucket of a few
+    schemes and dtypes.
+    """
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+    return torch.compile(decode_one_token, fullgraph=True)
+
+
+class FastDecoder:
+    """The compiled decode step of one model over its block pool."""
+
+    def __init__(self, model: Transformer, pool: PagedKVCache, *, max_window: int = DEFAULT_MAX_WINDOW) -> None:
+        self.model = model
+        self.pool = pool
+        self.max_window = max_window
+        self.shape = step_shape(model, pool.block_size)
+        self.weights = pack_weights(model)
+        self.compile_seconds = 0.0
+        self._step = compiled_step()
+        self._tables: tuple[Hashable, StepTables] | None = None
+
+    @staticmethod
+    def applies_to(model: Transformer) -> bool:
+        return model.config.pe in FAST_SCHEMES
+
+    def window_for(self, lengths: Sequence[int]) -> int:
+        """The bucket whose window holds every row's keys after this step."""
+        needed = max(lengths) + 1
+        return max(MIN_WINDOW, 1 << (needed - 1).bit_length())
+
+    def accepts(self, lengths: Sequence[int]) -> bool:
+        return self.window_for(lengths) <= self.max_window
+
+    def windows(self) -> list[int]:
+        sizes, window = [], MIN_WINDOW
+        while window <= self.max_window:
+            sizes.append(window)
+            window *= 2
+        return sizes
+
+    def warm_up(self) -> float:
+        """Compile every bucket now, for one row and for several; returns the seconds it took.
+
+        The dummy steps write only the pool's scratch block, which no row ever reads.
+        """
+        started = time.perf_counter()
+        scaling = self.model.positions.default_scaling
+        for window in self.windows():
+            for batch in (1, 2):
+                blocks = torch.zeros(
+                    batch, window // self.pool.block_size, dtype=torch.long, device=self._device
+                )
+                self._run(blocks, [0] * batch, [0] * batch, [scaling] * batch, [1] * batch, window)
+        self.compile_seconds += time.perf_counter() - started
+        logger.info(
+            "compiled the decode step for %s (%s windows) in %.1f s",
+            self.model.config.pe,
+            len(self.windows()),
+            self.compile_seconds,
+        )
+        return self.compile_seconds
+
+    def step(self, rows: PagedRows, tokens: Sequence[int], scalings: Sequence[RopeScaling]) -> Tensor:
+        """Logits float32 [B, V] for one token per row; advances the rows once it succeeded."""
+        lengths = rows.lengths
+        window = self.window_for(lengths)
+        count = window // self.pool.block_size
+        blocks = rows.block_table[:, :count]
+        if blocks.shape[1] < count:
+            blocks = torch.nn.functional.pad(blocks, (0, count - blocks.shape[1]))  # the scratch block
+        table_lengths = [length + 1 for length in lengths]
+        logits = self._run(blocks, tokens, lengths, scalings, table_lengths, window)
+        keys = [
+            self.model.positions.table_key(scaling, length)
+            for scaling, length in zip(scalings, table_lengths, strict=True)
+        ]
+        rows.advance(torch.tensor(list(tokens))[:, None], keys)
+        return logits
+
+    @property
+    def _device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def _run(
+        self,
+        window_blocks: Tensor,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        scalings: Sequence[RopeScaling],
+        table_lengths: Sequence[int],
+        window: int,
+    ) -> Tensor:
+        tables = self._step_tables(scalings, table_lengths, window)
+        inputs = StepInputs(
+            torch.tensor(list(tokens), dtype=torch.long, device=self._device),
+            torch.tensor(list(positions), dtype=torch.long, device=self._device),
+            window_blocks,
+            *tables,
+        )
+        if len(tokens) > 1:
+            for tensor in (inputs.tokens, inputs.positions, inputs.window_blocks, inputs.table_index):
+                if tensor is not None:
+                    torch._dynamo.mark_dynamic(tensor, 0)
+        with torch.inference_mode():
+            logits: Tensor = self._step(self.shape, self.weights, inputs, self.pool.keys, self.pool.values)
+        return logits
+
+    def _step_tables(
+        self, scalings: Sequence[RopeScaling], table_lengths: Sequence[int], window: int
+    ) -> StepTables:
+        """The stacked tables for these rows, rebuilt only when a row's table or the window changed."""
+        positions = self.model.positions
+        learned = positions.learned_table is not None
+        key = (
+            tuple(scalings),
+            tuple(positions.table_key(s, n) for s, n in zip(scalings, table_lengths, strict=True)),
+            window,
+            max(table_lengths) if learned else None,  # learned tables are checked against positions
+        )
+        if self._tables is None or self._tables[0] != key:
+            dtype = self.model.embed_tokens.weight.dtype
+            tables = positions.step_tables(scalings, table_lengths, window, device=self._device, dtype=dtype)
+            self._tables = (key, tables)
+        return self._tables[1]

@@ -1,0 +1,216 @@
+"""A model's key/value memory as a pool of fixed-size blocks, and the rows of a batch that use it.
+
+Each running sequence owns a list of blocks, allocated once when it is admitted (enough for its
+prompt and `max_new_tokens`), and written in place by index until it leaves: rows joining or
+leaving a batch copy nothing, and memory in use follows the tokens the sequences can reach, not
+the longest context the model allows. The pool is sized once, from a byte budget, so its memory
+is bounded and known at start-up (`kv_cache_usage` reports how much of it is reserved).
+
+Block 0 is never handed out. Writes that belong to nobody (positions past a row's reservation
+when a prefill chunk pads a short row to the group's width, padding rows of a fixed-shape decode
+step) land there, and nothing reads it as a real entry: every read is masked by the row's length.
+
+`PagedRows` gives a group of rows the cache interface `Transformer.forward` uses (`reserve`,
+`write`, `advance`, `lengths`), so the eager path reads windows gathered from the blocks, while
+the decode step (`service.model.decode_step`) indexes the blocks itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from service.model.config import ModelConfig
+from service.model.kv_cache import KVCache
+
+BLOCK_SIZE = 16
+_SCRATCH_BLOCK = 0
+
+
+@dataclass(eq=False)
+class PagedRow:
+    """One sequence's place in the pool: its blocks, cached length, table and token ids."""
+
+    blocks: list[int]
+    length: int = 0
+    table_key: Hashable = None
+    tokens: list[int] = field(default_factory=list)  # the ids behind its entries, to recompute them
+
+
+class PagedKVCache:
+    """Per layer, key and value blocks `[num_blocks, n_kv_heads, block_size, head_dim]`."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        *,
+        block_size: int = BLOCK_SIZE,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        if num_blocks < 2:
+            raise ValueError("a paged cache needs at least one block besides the scratch block")
+        shape = (num_blocks, config.n_kv_heads, block_size, config.head_dim)
+        self.block_size = block_size
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self._free = list(range(num_blocks - 1, _SCRATCH_BLOCK, -1))
+
+    @classmethod
+    def within(
+        cls,
+        config: ModelConfig,
+        budget_bytes: int,
+        *,
+        min_tokens: int,
+        block_size: int = BLOCK_SIZE,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> PagedKVCache:
+        """The largest pool that fits `budget_bytes`, but never one too small for `min_tokens`.
+
+        `min_tokens` is the longest request the model accepts: a budget below it would leave
+        such a request waiting forever, so the floor wins and the budget is exceeded instead.
+        """
+        per_block = bytes_per_token(config, dtype) * block_size
+        blocks = max(budget_bytes // per_block, math.ceil(min_tokens / block_size)) + 1
+        return cls(config, blocks, block_size=block_size, device=device, dtype=dtype)
+
+    @property
+    def total_blocks(self) -> int:
+        """Blocks that can be handed out (the scratch block is not one)."""
+        return self.keys[0].shape[0] - 1
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def usage(self) -> float:
+        """The fraction of blocks reserved by running sequences, 0 to 1."""
+        return 1.0 - self.free_blocks / self.total_blocks
+
+    @property
+    def nbytes(self) -> int:
+        return sum(buffer.numel() * buffer.element_size() for buffer in self.keys + self.values)
+
+    def blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
+
+    def fits(self, tokens: int) -> bool:
+        """Whether a sequence of `tokens` can be admitted now."""
+        return self.blocks_for(tokens) <= self.free_blocks
+
+    def allocate(self, tokens: int) -> PagedRow:
+        needed = self.blocks_for(tokens)
+        if needed > self.free_blocks:
+            raise MemoryError(f"{tokens} tokens need {needed} KV blocks; {self.free_blocks} are free")
+        blocks = [self._free.pop() for _ in range(needed)]
+        return PagedRow(blocks)
+
+    def release(self, row: PagedRow) -> None:
+        self._free.extend(reversed(row.blocks))
+        row.blocks = []
+
+
+def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
+    """Keys and values of one token in every layer."""
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * element
+
+
+class PagedRows:
+    """Rows of the pool in batch order, behind the cache interface of `Transformer.forward`."""
+
+    def __init__(self, pool: PagedKVCache, rows: Sequence[PagedRow]) -> None:
+        self.pool = pool
+        self.rows = list(rows)
+        device = pool.keys[0].device
+        widest = max(len(row.blocks) for row in self.rows)
+        # [B, widest]; short rows padded with the scratch block.
+        self.block_table = torch.tensor(
+            [row.blocks + [_SCRATCH_BLOCK] * (widest - len(row.blocks)) for row in self.rows],
+            dtype=torch.long,
+            device=device,
+        )
+        self._write: tuple[Tensor, Tensor] | None = None
+        self._window = 0
+
+    @property
+    def lengths(self) -> list[int]:
+        return [row.length for row in self.rows]
+
+    @property
+    def table_keys(self) -> list[Hashable]:
+        return [row.table_key for row in self.rows]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.rows)
+
+    def reserve(self, new_tokens: int) -> None:
+        """Work out, once per pass, where the next `new_tokens` of every row go."""
+        device = self.block_table.device
+        starts = torch.tensor(self.lengths, dtype=torch.long, device=device)
+        positions = starts[:, None] + torch.arange(new_tokens, device=device)[None, :]  # [B, T]
+        self._write = self.slots(positions)
+        self._window = max(self.lengths) + new_tokens
+
+    def slots(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Block and offset of each row's `positions` [B, T]; past its blocks, the scratch block."""
+        size = self.pool.block_size
+        index = positions // size
+        widest = self.block_table.shape[1]
+        blocks = self.block_table.gather(1, index.clamp(max=widest - 1))
+        return torch.where(index < widest, blocks, _SCRATCH_BLOCK), positions % size
+
+    def write(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Store `[B, n_kv_heads, T, head_dim]` after each row's entries; return the windows.
+
+        The windows `[B, n_kv_heads, max(lengths) + T, head_dim]` are gathered from the blocks
+        (a copy): rows shorter than the longest carry other entries there, which the mask hides.
+        """
+        assert self._write is not None, "reserve() first"
+        blocks, offsets = self._write
+        self.pool.keys[layer][blocks, :, offsets] = keys.transpose(1, 2)
+        self.pool.values[layer][blocks, :, offsets] = values.transpose(1, 2)
+        return self._gather(self.pool.keys[layer]), self._gather(self.pool.values[layer])
+
+    def _gather(self, pages: Tensor) -> Tensor:
+        size = self.pool.block_size
+        table = self.block_table[:, : math.ceil(self._window / size)]
+        batch, count = table.shape
+        window = pages[table]  # [B, count, Hkv, size, hd]
+        merged = window.permute(0, 2, 1, 3, 4).reshape(batch, pages.shape[1], count * size, -1)
+        return merged[:, :, : self._window]
+
+    def advance(
+        self, tokens: Tensor, table_keys: Sequence[Hashable], counts: Sequence[int] | None = None
+    ) -> None:
+        """Record the pass's token ids `[B, T]` (the first `counts[i]` of row i are real)."""
+        steps = counts if counts is not None else [tokens.shape[1]] * len(self.rows)
+        for row, ids, step, key in zip(self.rows, tokens.tolist(), steps, table_keys, strict=True):
+            row.tokens.extend(ids[:step])
+            row.length += step
+            row.table_key = key
+
+    def row_tokens(self, row: int) -> Tensor:
+        """The token ids of one row `[1, length]`."""
+        return torch.tensor([self.rows[row].tokens], dtype=torch.long, device=self.block_table.device)
+
+    def replace_row(self, row: int, source: KVCache) -> None:
+        """Overwrite `row` with the single row of `source` (a recomputation of the same tokens)."""
+        length = source.lengths[0]
+        positions = torch.arange(length, device=self.block_table.device)
+        size = self.pool.block_size
+        blocks, offsets = self.block_table[row, positions // size], positions % size
+        for pages, new in zip(self.pool.keys + self.pool.values, source.keys + source.values, strict=True):
+            pages[blocks, :, offsets] = new[0, :, :length].transpose(0, 1)  # [L, Hkv, hd]
+        target = self.rows[row]
+        target.length = length
+        target.table_key = source.table_keys[0]
