@@ -110,6 +110,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch threads of the engine (default 0: every core but one)",
     )
     parser.add_argument(
+        "--kv-cache-mb", type=int, metavar="MIB", help="KV cache pool per model in MiB (default 256)"
+    )
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compile the decode step at start-up with torch.compile (default: off)",
+    )
+    parser.add_argument(
+        "--compile-max-window",
+        type=int,
+        metavar="N",
+        help="longest context a compiled decode step covers; longer ones run eager (default 512)",
+    )
+    parser.add_argument(
         "--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (comma-separate several)"
     )
     parser.add_argument("--max-body-bytes", type=int, metavar="N", help="request body limit (default 1 MiB)")

@@ -52,6 +52,20 @@ class Settings(BaseSettings):
     torch_threads: int = Field(
         default=0, ge=0, description="Torch threads of the engine; 0 means every core but one."
     )
+    kv_cache_mb: int = Field(
+        default=256,
+        ge=1,
+        description="KV cache pool per model in MiB (never less than one max_context request).",
+    )
+    compile: bool = Field(
+        default=False,
+        description="Compile the decode step at start-up (torch.compile; minutes on a small CPU host).",
+    )
+    compile_max_window: int = Field(
+        default=512,
+        ge=64,
+        description="Longest context (keys) a compiled decode step covers; longer ones run eager.",
+    )
     api_key: SecretStr | None = Field(
         default=None, description="Bearer key(s) required on inference routes; comma-separated for several."
     )

@@ -55,6 +55,11 @@ def load_engine(settings: Settings) -> Engine:
         max_batch_size=settings.max_batch_size,
         step_token_budget=settings.step_token_budget,
         torch_threads=settings.torch_threads,
+        decode=importlib.import_module("service.engine.core").DecodeSettings(
+            kv_cache_bytes=settings.kv_cache_mb << 20,
+            compile=settings.compile,
+            compile_max_window=settings.compile_max_window,
+        ),
         log_config=logging_config(settings.log_level),
     )
     if settings.engine_mode == "thread":

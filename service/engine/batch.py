@@ -1,15 +1,18 @@
 """One model's running sequences: those still reading their prompt, and those decoding.
 
-Each group shares one right-padded KV cache. A decode step runs every decoding row in one forward
-pass, each row with its own RoPE scaling. A prefill chunk advances every prefilling row by one
-width of prompt tokens sized to the step's token budget (rows of different prompt lengths and
-progress share the pass; a row with fewer tokens left is padded), so a long prompt is read a slice
-per step between decode steps instead of stalling them. A row whose prompt is complete moves to
-the decoding group with its first token's logits.
+Every sequence owns blocks of the model's KV pool (`service.model.paged_cache`) from admission to
+exit, so rows moving between the groups, joining or leaving copy nothing. A decode step runs every
+decoding row in one forward pass, each row with its own RoPE scaling: through the compiled step
+(`service.model.fast_decode`) when it applies, else the eager model. A prefill chunk advances every
+prefilling row by one width of prompt tokens sized to the step's token budget (rows of different
+prompt lengths and progress share the pass; a row with fewer tokens left is padded), so a long
+prompt is read a slice per step between decode steps instead of stalling them. A row whose
+prompt is complete moves to the decoding group with its first token's logits.
 
-Failures stay with their row. The model advances a cache only after a pass succeeded, so when a
-batched pass raises, every row is rerun alone from the state it was in, and only the rows that
-still raise fail; rows that did nothing wrong never write a token twice.
+Failures stay with their row. A row's length advances only after a pass succeeded (what a failed
+pass wrote lies past it, and is overwritten), so when a batched pass raises, every row is rerun
+alone from the state it was in, and only the rows that still raise fail; rows that did nothing
+wrong never write a token twice.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from torch import Tensor
 from pe_runtime import RopeScaling
 from service.engine.budget import chunk_cost, chunk_width
 from service.engine.sequence import RunningSequence
-from service.model.kv_cache import KVCache
+from service.engine.types import GenerationRequest
+from service.model.fast_decode import FastDecoder
+from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows
 from service.model.refresh import recompute_row, stale_rows
 from service.model.transformer import Transformer
 
@@ -35,7 +40,7 @@ _PAD = 0  # fills a prompt chunk to the group's width; never kept (see `Transfor
 
 @dataclass
 class StepOutcome:
-    """Float32 logits [N, V] on CPU for the N rows that ran, and the rows that failed instead."""
+    """Float32 logits [N, V] on the model's device for the N rows that ran, and the rows that failed."""
 
     rows: list[RunningSequence]
     logits: Tensor
@@ -48,46 +53,49 @@ class _PassResult:
     failed: dict[int, Exception]
 
 
-@dataclass
 class _Group:
-    """Sequences sharing one cache, row i of the cache belonging to sequences[i]."""
+    """Sequences that run their passes together, row i being sequences[i]."""
 
-    sequences: list[RunningSequence] = field(default_factory=list)
-    cache: KVCache | None = None
+    def __init__(self, pool: PagedKVCache) -> None:
+        self.pool = pool
+        self.sequences: list[RunningSequence] = []
+        self.rows: list[PagedRow] = []
+        self._view: PagedRows | None = None
 
     def __len__(self) -> int:
         return len(self.sequences)
 
-    def join(self, sequences: list[RunningSequence], cache: KVCache) -> None:
-        if self.cache is None:
-            self.cache = cache
-        else:
-            self.cache.append(cache)
-        self.sequences += sequences
+    @property
+    def view(self) -> PagedRows:
+        """The rows behind the cache interface; rebuilt only when sequences join or leave."""
+        if self._view is None:
+            self._view = PagedRows(self.pool, self.rows)
+        return self._view
 
-    def split(
-        self, keep: Callable[[RunningSequence], bool], *, take: bool = False
-    ) -> tuple[list[RunningSequence], KVCache | None]:
-        """Remove the sequences `keep` rejects; return them, and with `take` a copy of their rows."""
-        wanted = [keep(sequence) for sequence in self.sequences]
-        if all(wanted) or self.cache is None:
-            return [], None
-        leaving = [row for row, stays in enumerate(wanted) if not stays]
-        taken = self.cache.select(leaving) if take else None
-        gone = [self.sequences[row] for row in leaving]
-        if len(leaving) == len(self.sequences):
-            self.sequences, self.cache = [], None
-        else:
-            order = self.cache.retain(wanted)
-            self.sequences = [self.sequences[row] for row in order]
-        return gone, taken
+    def join(self, sequence: RunningSequence, row: PagedRow) -> None:
+        self.sequences.append(sequence)
+        self.rows.append(row)
+        self._view = None
+
+    def split(self, keep: Callable[[RunningSequence], bool]) -> list[tuple[RunningSequence, PagedRow]]:
+        """Remove the sequences `keep` rejects and return them with their rows."""
+        pairs = list(zip(self.sequences, self.rows, strict=True))
+        staying = [pair for pair in pairs if keep(pair[0])]
+        if len(staying) == len(pairs):
+            return []
+        self.sequences = [sequence for sequence, _ in staying]
+        self.rows = [row for _, row in staying]
+        self._view = None
+        return [pair for pair in pairs if not keep(pair[0])]
 
 
 class ModelBatch:
-    def __init__(self, model: Transformer) -> None:
+    def __init__(self, model: Transformer, pool: PagedKVCache, fast: FastDecoder | None = None) -> None:
         self.model = model
-        self._prefilling = _Group()
-        self._decoding = _Group()
+        self.pool = pool
+        self.fast = fast
+        self._prefilling = _Group(pool)
+        self._decoding = _Group(pool)
 
     def __len__(self) -> int:
         return len(self._prefilling) + len(self._decoding)
@@ -104,10 +112,13 @@ class ModelBatch:
     def sequences(self) -> list[RunningSequence]:
         return self._prefilling.sequences + self._decoding.sequences
 
-    def add(self, sequences: list[RunningSequence]) -> None:
-        """Start reading prompts; one cache for all of them, sized for the whole requests."""
-        capacity = max(len(s.request.prompt_tokens) + s.request.sampling.max_new_tokens for s in sequences)
-        self._prefilling.join(sequences, self.model.new_cache(len(sequences), capacity))
+    def fits(self, request: GenerationRequest) -> bool:
+        """Whether the pool has blocks for the whole request now (prompt and every new token)."""
+        return self.pool.fits(_reach(request))
+
+    def add(self, sequence: RunningSequence) -> None:
+        """Start reading its prompt, in blocks reserved for the whole request (`fits` first)."""
+        self._prefilling.join(sequence, self.pool.allocate(_reach(sequence.request)))
 
     def prefill_chunk(self, budget: int) -> tuple[StepOutcome, int]:
         """Advance every prefilling row by up to `budget` tokens in all.
@@ -138,31 +149,33 @@ class ModelBatch:
     def decode(self) -> StepOutcome:
         """One token for every decoding row in one forward pass."""
         group = self._decoding
-        assert group.cache is not None
-        lengths = [past + 1 for past in group.cache.lengths]
+        lengths = [past + 1 for past in group.view.lengths]
         chunks = [(sequence.last_token,) for sequence in group.sequences]
-        result = self._run(group, chunks, lengths, [1] * len(chunks))
+        result = self._run(group, chunks, lengths, [1] * len(chunks), fast=True)
         return self._outcome(group, result, list(result.logits))
 
     def _outcome(self, group: _Group, result: _PassResult, rows: list[int]) -> StepOutcome:
         vocab = self.model.config.vocab_size
-        logits = torch.stack([result.logits[row] for row in rows]) if rows else torch.empty(0, vocab)
+        logits = (
+            torch.stack([result.logits[row] for row in rows])
+            if rows
+            else torch.empty(0, vocab, device=self._device)
+        )
         failed = [(group.sequences[row], error) for row, error in result.failed.items()]
         return StepOutcome([group.sequences[row] for row in rows], logits, failed)
 
     def retain(self, keep: Callable[[RunningSequence], bool]) -> list[RunningSequence]:
-        """Drop sequences for which `keep` is false (their cache rows too); return the dropped ones.
+        """Drop sequences for which `keep` is false and free their blocks; return the dropped ones.
 
-        Then rows whose prompt is complete move to the decoding group: only those still running,
-        so a request done at its first token never costs the decoding rows a copy.
+        Then rows whose prompt is complete move to the decoding group (their blocks stay theirs).
         """
         dropped: list[RunningSequence] = []
         for group in (self._prefilling, self._decoding):
-            gone, _ = group.split(keep)
-            dropped += gone
-        moving, cache = self._prefilling.split(lambda sequence: sequence.prompt_remaining > 0, take=True)
-        if moving and cache is not None:
-            self._decoding.join(moving, cache)
+            for sequence, row in group.split(keep):
+                self.pool.release(row)
+                dropped.append(sequence)
+        for sequence, row in self._prefilling.split(lambda sequence: sequence.prompt_remaining > 0):
+            self._decoding.join(sequence, row)
         return dropped
 
     @property
@@ -170,14 +183,22 @@ class ModelBatch:
         return self.model.embed_tokens.weight.device
 
     def _run(
-        self, group: _Group, chunks: Sequence[tuple[int, ...]], table_lengths: list[int], counts: list[int]
+        self,
+        group: _Group,
+        chunks: Sequence[tuple[int, ...]],
+        table_lengths: list[int],
+        counts: list[int],
+        *,
+        fast: bool = False,
     ) -> _PassResult:
-        """One pass over the group; if it raises, each row alone from its untouched cache row."""
-        assert group.cache is not None
+        """One pass over the group; if it raises, each row alone from its untouched state."""
         scalings = [sequence.scaling for sequence in group.sequences]
-        failed = self._refresh(group.cache, scalings, table_lengths)
+        failed = self._refresh(group.view, scalings, table_lengths)
         try:
-            logits = self._forward(group.cache, chunks, scalings, table_lengths, counts)
+            if fast and not failed and self.fast is not None and self.fast.accepts(group.view.lengths):
+                logits = self.fast.step(group.view, [chunk[0] for chunk in chunks], scalings)
+            else:
+                logits = self._forward(group.view, chunks, scalings, table_lengths, counts)
         except Exception:
             logger.exception("a batched pass failed; rerunning its rows one by one")
             return self._run_rows_alone(group, chunks, scalings, table_lengths, counts, failed)
@@ -192,40 +213,36 @@ class ModelBatch:
         counts: list[int],
         failed: dict[int, Exception],
     ) -> _PassResult:
-        assert group.cache is not None
         logits: dict[int, Tensor] = {}
-        caches: list[KVCache] = []
-        for row in range(len(group)):
-            cache = group.cache.select([row])
-            caches.append(cache)
+        for row, paged in enumerate(group.rows):
             if row in failed:
                 continue
             span = slice(row, row + 1)
             try:
+                alone = PagedRows(self.pool, [paged])
                 logits[row] = self._forward(
-                    cache, chunks[span], scalings[span], table_lengths[span], counts[span]
+                    alone, chunks[span], scalings[span], table_lengths[span], counts[span]
                 )[0]
             except Exception as error:
                 failed[row] = error
-        group.cache = KVCache.concat(caches)
         return _PassResult(logits, failed)
 
     def _refresh(
-        self, cache: KVCache, scalings: Sequence[RopeScaling], table_lengths: Sequence[int]
+        self, rows: PagedRows, scalings: Sequence[RopeScaling], table_lengths: Sequence[int]
     ) -> dict[int, Exception]:
         """Recompute rows whose table changed; a row whose recomputation raises fails alone."""
         failed: dict[int, Exception] = {}
-        for row in stale_rows(self.model, cache, scalings, table_lengths):
+        for row in stale_rows(self.model, rows, scalings, table_lengths):
             try:
                 with torch.inference_mode():
-                    recompute_row(self.model, cache, row, scalings[row], table_lengths[row])
+                    recompute_row(self.model, rows, row, scalings[row], table_lengths[row])
             except Exception as error:
                 failed[row] = error
         return failed
 
     def _forward(
         self,
-        cache: KVCache,
+        rows: PagedRows,
         chunks: Sequence[tuple[int, ...]],
         scalings: Sequence[RopeScaling],
         table_lengths: Sequence[int],
@@ -236,8 +253,13 @@ class ModelBatch:
             logits: Tensor = self.model(
                 tokens,
                 scaling=list(scalings),
-                cache=cache,
+                cache=rows,
                 table_lengths=list(table_lengths),
                 counts=list(counts),
             )[:, -1]  # [N, V] at each row's last real token
-        return logits.float().cpu()
+        return logits.float()
+
+
+def _reach(request: GenerationRequest) -> int:
+    """The most positions a request can fill: its prompt and every token it may generate."""
+    return len(request.prompt_tokens) + request.sampling.max_new_tokens

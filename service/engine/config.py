@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.engine.core import DEFAULT_STEP_TOKEN_BUDGET
+from service.engine.core import DEFAULT_STEP_TOKEN_BUDGET, DecodeSettings
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,7 @@ class EngineConfig:
     max_batch_size: int = 16
     step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET
     torch_threads: int = 0  # 0: `engine_threads()` in an engine process, torch's default on a thread
+    decode: DecodeSettings = field(default_factory=DecodeSettings)
     log_config: dict[str, Any] | None = field(default=None, compare=False)  # for an engine process
 
 

@@ -31,6 +31,8 @@ from service.engine.sampler import sample_rows
 from service.engine.scoring import ChunkedScorer
 from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest, PEInfo, ScoreRequest, ScoreResult, Timing
+from service.model.fast_decode import DEFAULT_MAX_WINDOW, FastDecoder
+from service.model.paged_cache import PagedKVCache
 
 logger = logging.getLogger("service.engine.core")
 
@@ -39,6 +41,21 @@ logger = logging.getLogger("service.engine.core")
 # of running streams), large enough that prompts are read in efficient matrix products.
 DEFAULT_STEP_TOKEN_BUDGET = 256
 IDLE_BUDGET_FACTOR = 8
+# Each model's KV block pool. 256 MiB holds about 43,000 tokens of a zoo model (6 KiB per token),
+# e.g. 64 requests of 680 tokens; a pool is never smaller than one request of max_context.
+DEFAULT_KV_CACHE_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How decoding uses memory and the compiler (`--kv-cache-mb`, `--compile`)."""
+
+    kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
+    compile: bool = False
+    compile_max_window: int = DEFAULT_MAX_WINDOW
+
+
+DEFAULT_DECODE = DecodeSettings()
 
 
 @dataclass(frozen=True)
@@ -76,11 +93,15 @@ class EngineCore:
         *,
         max_batch_size: int = 16,
         step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET,
+        decode: DecodeSettings = DEFAULT_DECODE,
     ) -> None:
         self._models = {served.name: served for served in models}
         self.max_batch_size = max_batch_size
         self.step_token_budget = step_token_budget
-        self._batches = {name: ModelBatch(served.model) for name, served in self._models.items()}
+        self._batches = {name: _model_batch(served, decode) for name, served in self._models.items()}
+        self.compile_seconds = sum(
+            batch.fast.warm_up() for batch in self._batches.values() if batch.fast is not None
+        )
         self._waiting: dict[str, deque[Job]] = {name: deque() for name in self._models}
         self._scoring: deque[_ScoreJob] = deque()
         self._cancelled: set[int] = set()
@@ -161,19 +182,22 @@ class EngineCore:
             self._scoring.remove(score)
             self._emit(score.job.key, RequestCancelledError("the request was cancelled"))
 
+    def kv_pools(self) -> dict[str, PagedKVCache]:
+        return {name: batch.pool for name, batch in self._batches.items()}
+
     def _admit(self, name: str) -> None:
-        """Start waiting generations while the model's batch has room, all in one cache."""
+        """Start waiting generations while the model's batch and its KV pool have room, in order."""
         waiting, batch, served = self._waiting[name], self._batches[name], self._models[name]
         now = time.perf_counter()
-        starting: list[RunningSequence] = []
-        while waiting and len(batch) + len(starting) < self.max_batch_size:
+        while waiting and len(batch) < self.max_batch_size:
+            request = waiting[0].request
+            assert isinstance(request, GenerationRequest)
+            if not batch.fits(request):
+                return  # it waits for blocks to free up; those behind it wait their turn
             job = waiting.popleft()
-            assert isinstance(job.request, GenerationRequest)
-            sequence = RunningSequence(job.key, job.request, served, job.pe, job.submitted_at)
+            sequence = RunningSequence(job.key, request, served, job.pe, job.submitted_at)
             sequence.started_at = now
-            starting.append(sequence)
-        if starting:
-            batch.add(starting)
+            batch.add(sequence)
 
     def _run_chunks(self, budget: int) -> None:
         """Prompt and scoring chunks, round-robin over the candidates, until the budget is spent.
@@ -253,6 +277,24 @@ class EngineCore:
         output.batch_size = max((batch.decoding for batch in self._batches.values()), default=0)
         output.generated_total = self._generated_total
         return output
+
+
+def _model_batch(served: ServedModel, decode: DecodeSettings) -> ModelBatch:
+    model = served.model
+    weight = model.embed_tokens.weight
+    pool = PagedKVCache.within(
+        model.config,
+        decode.kv_cache_bytes,
+        min_tokens=served.spec.info.max_context,
+        device=weight.device,
+        dtype=weight.dtype,
+    )
+    fast = (
+        FastDecoder(model, pool, max_window=decode.compile_max_window)
+        if decode.compile and FastDecoder.applies_to(model)
+        else None
+    )
+    return ModelBatch(model, pool, fast)
 
 
 def _score_result(score: _ScoreJob) -> ScoreResult:

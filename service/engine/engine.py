@@ -25,7 +25,7 @@ import torch
 from pe_runtime import PECache
 from service.engine.catalog import ModelCatalog
 from service.engine.config import EngineConfig
-from service.engine.core import DEFAULT_STEP_TOKEN_BUDGET, EngineCore, Job
+from service.engine.core import DEFAULT_DECODE, DEFAULT_STEP_TOKEN_BUDGET, DecodeSettings, EngineCore, Job
 from service.engine.errors import EngineDrainingError, ModelLoadError, RequestFailedError
 from service.engine.frontend import EngineFrontend
 from service.engine.models import ServedModel, load_served_model, resolve_device, resolve_dtype
@@ -81,13 +81,16 @@ class InferenceEngine(EngineFrontend):
         max_batch_size: int = 16,
         max_queue: int = 64,
         step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET,
+        decode: DecodeSettings = DEFAULT_DECODE,
     ) -> None:
         super().__init__(
             ModelCatalog([served.spec for served in models]),
             max_batch_size=max_batch_size,
             max_queue=max_queue,
         )
-        self._core = EngineCore(models, max_batch_size=max_batch_size, step_token_budget=step_token_budget)
+        self._core = EngineCore(
+            models, max_batch_size=max_batch_size, step_token_budget=step_token_budget, decode=decode
+        )
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -104,11 +107,16 @@ class InferenceEngine(EngineFrontend):
         max_batch_size: int = 16,
         max_queue: int = 64,
         step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET,
+        decode: DecodeSettings = DEFAULT_DECODE,
         pe_cache: PECache | None = None,
     ) -> InferenceEngine:
         models = load_models(dirs, device=device, dtype=dtype, max_context=max_context, pe_cache=pe_cache)
         return cls(
-            models, max_batch_size=max_batch_size, max_queue=max_queue, step_token_budget=step_token_budget
+            models,
+            max_batch_size=max_batch_size,
+            max_queue=max_queue,
+            step_token_budget=step_token_budget,
+            decode=decode,
         )
 
     @classmethod
@@ -124,6 +132,7 @@ class InferenceEngine(EngineFrontend):
             max_batch_size=config.max_batch_size,
             max_queue=max_queue,
             step_token_budget=config.step_token_budget,
+            decode=config.decode,
         )
 
     def healthy(self) -> bool:

@@ -77,7 +77,10 @@ def engine_main(connection: Connection, config: EngineConfig) -> None:
         connection.send(("failed", f"{type(error).__name__}: {error}"))
         return
     core = EngineCore(
-        models, max_batch_size=config.max_batch_size, step_token_budget=config.step_token_budget
+        models,
+        max_batch_size=config.max_batch_size,
+        step_token_budget=config.step_token_budget,
+        decode=config.decode,
     )
     connection.send(("ready", [served.spec for served in models]))
     try:

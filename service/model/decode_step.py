@@ -18,7 +18,7 @@ and value projections fused into one matrix product and the gate and up projecti
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +26,7 @@ from torch import Tensor
 
 from pe_runtime.rope import apply_rope
 from service.model.config import RopeLayout, Scheme
-from service.model.transformer import Transformer, rms_norm
+from service.model.transformer import Block, Transformer, rms_norm
 
 
 class StepShape(NamedTuple):
@@ -92,7 +92,7 @@ def step_shape(model: Transformer, block_size: int) -> StepShape:
 def pack_weights(model: Transformer) -> StepWeights:
     """The model's weights in the step's layout (fused projections are copies, made once)."""
     layers = []
-    for block in model.layers:
+    for block in cast(list[Block], list(model.layers)):
         attention, mlp = block.attn, block.mlp
         biases = [attention.q_proj.bias, attention.k_proj.bias, attention.v_proj.bias]
         layers.append(

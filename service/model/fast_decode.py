@@ -55,7 +55,9 @@ def compiled_step() -> StepFunction:
 class FastDecoder:
     """The compiled decode step of one model over its block pool."""
 
-    def __init__(self, model: Transformer, pool: PagedKVCache, *, max_window: int = DEFAULT_MAX_WINDOW) -> None:
+    def __init__(
+        self, model: Transformer, pool: PagedKVCache, *, max_window: int = DEFAULT_MAX_WINDOW
+    ) -> None:
         self.model = model
         self.pool = pool
         self.max_window = max_window
