@@ -149,8 +149,8 @@ def decode_one_token(
         if rope is not None:
             queries = apply_rope(queries, *rope, layout=shape.rope_layout)
             keys = apply_rope(keys, *rope, layout=shape.rope_layout)
-        keys_pages[write_blocks, :, write_offsets] = keys
-        values_pages[write_blocks, :, write_offsets] = values
+        keys_pages[:, write_blocks, write_offsets] = keys.transpose(0, 1)  # [Hkv, B, hd]
+        values_pages[:, write_blocks, write_offsets] = values.transpose(0, 1)
         attended = _attend(shape, queries, _window(keys_pages, inputs), _window(values_pages, inputs), bias)
         hidden = hidden + F.linear(attended.to(hidden.dtype), layer.o_proj)
         normed = rms_norm(hidden, layer.mlp_norm, shape.norm_eps)
@@ -163,8 +163,8 @@ def decode_one_token(
 def _window(pages: Tensor, inputs: StepInputs) -> Tensor:
     """[B, Hkv, W, hd]: each row's blocks side by side."""
     batch, count = inputs.window_blocks.shape
-    gathered = pages[inputs.window_blocks]  # [B, nb, Hkv, block, hd]
-    return gathered.permute(0, 2, 1, 3, 4).reshape(batch, pages.shape[1], count * pages.shape[2], -1)
+    gathered = pages[:, inputs.window_blocks]  # [Hkv, B, nb, block, hd]
+    return gathered.view(pages.shape[0], batch, count * pages.shape[2], -1).transpose(0, 1)
 
 
 def _attend(shape: StepShape, queries: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:

@@ -116,6 +116,9 @@ class FastDecoder:
         blocks = rows.block_table[:, :count]
         if blocks.shape[1] < count:
             blocks = torch.nn.functional.pad(blocks, (0, count - blocks.shape[1]))  # the scratch block
+        # Strides are guarded, so the same layout whatever the table's width (a slice of one row
+        # counts as contiguous but keeps the table's stride).
+        blocks = blocks.reshape(-1).view(blocks.shape)
         table_lengths = [length + 1 for length in lengths]
         logits = self._run(blocks, tokens, lengths, scalings, table_lengths, window)
         keys = [
@@ -145,10 +148,14 @@ class FastDecoder:
             window_blocks,
             *tables,
         )
+        # Batch size and table count vary without recompiling; 1 is special-cased by the compiler.
         if len(tokens) > 1:
             for tensor in (inputs.tokens, inputs.positions, inputs.window_blocks, inputs.table_index):
                 if tensor is not None:
                     torch._dynamo.mark_dynamic(tensor, 0)
+        for stack in (inputs.rope_cos, inputs.rope_sin, inputs.absolute):
+            if stack is not None:
+                torch._dynamo.mark_dynamic(stack, 0)
         with torch.inference_mode():
             logits: Tensor = self._step(self.shape, self.weights, inputs, self.pool.keys, self.pool.values)
         return logits
@@ -168,5 +175,14 @@ class FastDecoder:
         if self._tables is None or self._tables[0] != key:
             dtype = self.model.embed_tokens.weight.dtype
             tables = positions.step_tables(scalings, table_lengths, window, device=self._device, dtype=dtype)
-            self._tables = (key, tables)
+            self._tables = (key, tables._replace(**_two_or_more(tables)))
         return self._tables[1]
+
+
+def _two_or_more(tables: StepTables) -> dict[str, Tensor]:
+    """Stacks of a single table, repeated once: a one-table batch then runs the same compiled
+    entry as a mixed one (the table count is dynamic from 2), instead of an entry of its own."""
+    stacks = {"rope_cos": tables.rope_cos, "rope_sin": tables.rope_sin, "absolute": tables.absolute}
+    return {
+        name: torch.cat([stack, stack]) for name, stack in stacks.items() if stack is not None and len(stack) == 1
+    }

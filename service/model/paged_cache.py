@@ -42,7 +42,11 @@ class PagedRow:
 
 
 class PagedKVCache:
-    """Per layer, key and value blocks `[num_blocks, n_kv_heads, block_size, head_dim]`."""
+    """Per layer, key and value blocks `[n_kv_heads, num_blocks, block_size, head_dim]`.
+
+    Heads outermost: gathering a row's blocks then gives, per head, its window `[W, head_dim]` in
+    one contiguous piece, which is what attention kernels read fastest.
+    """
 
     def __init__(
         self,
@@ -55,7 +59,7 @@ class PagedKVCache:
     ) -> None:
         if num_blocks < 2:
             raise ValueError("a paged cache needs at least one block besides the scratch block")
-        shape = (num_blocks, config.n_kv_heads, block_size, config.head_dim)
+        shape = (config.n_kv_heads, num_blocks, block_size, config.head_dim)
         self.block_size = block_size
         self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
@@ -84,7 +88,7 @@ class PagedKVCache:
     @property
     def total_blocks(self) -> int:
         """Blocks that can be handed out (the scratch block is not one)."""
-        return self.keys[0].shape[0] - 1
+        return self.keys[0].shape[1] - 1
 
     @property
     def free_blocks(self) -> int:
@@ -177,17 +181,18 @@ class PagedRows:
         """
         assert self._write is not None, "reserve() first"
         blocks, offsets = self._write
-        self.pool.keys[layer][blocks, :, offsets] = keys.transpose(1, 2)
-        self.pool.values[layer][blocks, :, offsets] = values.transpose(1, 2)
+        self.pool.keys[layer][:, blocks, offsets] = keys.transpose(0, 1)  # [Hkv, B, T, hd]
+        self.pool.values[layer][:, blocks, offsets] = values.transpose(0, 1)
         return self._gather(self.pool.keys[layer]), self._gather(self.pool.values[layer])
 
     def _gather(self, pages: Tensor) -> Tensor:
         size = self.pool.block_size
         table = self.block_table[:, : math.ceil(self._window / size)]
         batch, count = table.shape
-        window = pages[table]  # [B, count, Hkv, size, hd]
-        merged = window.permute(0, 2, 1, 3, 4).reshape(batch, pages.shape[1], count * size, -1)
-        return merged[:, :, : self._window]
+        # index_select copies whole blocks; advanced indexing with a 2-d index is several times slower
+        gathered = pages.index_select(1, table.flatten())  # [Hkv, B * count, size, hd]
+        window = gathered.view(pages.shape[0], batch, count * size, -1).transpose(0, 1)  # [B, Hkv, W, hd]
+        return window[:, :, : self._window]
 
     def advance(
         self, tokens: Tensor, table_keys: Sequence[Hashable], counts: Sequence[int] | None = None
@@ -210,7 +215,7 @@ class PagedRows:
         size = self.pool.block_size
         blocks, offsets = self.block_table[row, positions // size], positions % size
         for pages, new in zip(self.pool.keys + self.pool.values, source.keys + source.values, strict=True):
-            pages[blocks, :, offsets] = new[0, :, :length].transpose(0, 1)  # [L, Hkv, hd]
+            pages[:, blocks, offsets] = new[0, :, :length]  # [Hkv, L, hd]
         target = self.rows[row]
         target.length = length
         target.table_key = source.table_keys[0]
