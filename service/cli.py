@@ -115,7 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
-        default=None,
         help="compile the decode step at start-up with torch.compile (default: off)",
     )
     parser.add_argument(

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from service.engine import pool_metrics
 from service.engine.batch import ModelBatch, StepOutcome
 from service.engine.errors import EngineError, RequestCancelledError, RequestFailedError
 from service.engine.handle import Item
@@ -102,6 +103,7 @@ class EngineCore:
         self.compile_seconds = sum(
             batch.fast.warm_up() for batch in self._batches.values() if batch.fast is not None
         )
+        pool_metrics.track(self)
         self._waiting: dict[str, deque[Job]] = {name: deque() for name in self._models}
         self._scoring: deque[_ScoreJob] = deque()
         self._cancelled: set[int] = set()

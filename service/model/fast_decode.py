@@ -56,16 +56,24 @@ class FastDecoder:
     """The compiled decode step of one model over its block pool."""
 
     def __init__(
-        self, model: Transformer, pool: PagedKVCache, *, max_window: int = DEFAULT_MAX_WINDOW
+        self,
+        model: Transformer,
+        pool: PagedKVCache,
+        *,
+        max_window: int = DEFAULT_MAX_WINDOW,
+        compile: bool = True,
     ) -> None:
+        """`compile=False` runs the same step uncompiled: the pure-torch reference the tests use."""
         self.model = model
         self.pool = pool
         self.max_window = max_window
         self.shape = step_shape(model, pool.block_size)
         self.weights = pack_weights(model)
         self.compile_seconds = 0.0
-        self._step = compiled_step()
+        self._step = compiled_step() if compile else decode_one_token
         self._tables: tuple[Hashable, StepTables] | None = None
+        for pages in pool.keys + pool.values:
+            torch._dynamo.mark_dynamic(pages, 1)  # pools of any size share the compiled entries
 
     @staticmethod
     def applies_to(model: Transformer) -> bool:
@@ -184,5 +192,7 @@ def _two_or_more(tables: StepTables) -> dict[str, Tensor]:
     entry as a mixed one (the table count is dynamic from 2), instead of an entry of its own."""
     stacks = {"rope_cos": tables.rope_cos, "rope_sin": tables.rope_sin, "absolute": tables.absolute}
     return {
-        name: torch.cat([stack, stack]) for name, stack in stacks.items() if stack is not None and len(stack) == 1
+        name: torch.cat([stack, stack])
+        for name, stack in stacks.items()
+        if stack is not None and len(stack) == 1
     }

@@ -180,6 +180,17 @@ def test_metrics_expose_every_spec_metric(client: httpx.Client) -> None:
     assert metric_value(client, "pe_serve_generated_tokens_total") > 0
 
 
+def test_metrics_report_each_models_kv_pool(client: httpx.Client) -> None:
+    """The pool is sized at start-up and idle between requests: capacity and bytes fixed, usage 0."""
+    client.post("/generate", json=SAMPLED)
+    text = client.get("/metrics").text
+    for name in ("pe_kv_cache_usage_perc", "pe_kv_cache_capacity_tokens", "pe_kv_cache_bytes"):
+        assert f"# HELP {name} " in text, name
+    assert metric_value(client, 'pe_kv_cache_usage_perc{model="tiny-rope"}') == 0.0
+    assert metric_value(client, 'pe_kv_cache_capacity_tokens{model="tiny-rope"}') >= 4096
+    assert metric_value(client, 'pe_kv_cache_bytes{model="tiny-rope"}') > 0
+
+
 def test_openapi_has_an_example_per_scaling_type(client: httpx.Client) -> None:
     schema = client.get("/openapi.json").json()
     assert {"/generate", "/score", "/models", "/healthz", "/readyz", "/metrics"} <= set(schema["paths"])

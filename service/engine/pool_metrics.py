@@ -1,0 +1,64 @@
+"""KV pool and compiler figures for `/metrics`, read from every live engine core at scrape time.
+
+One collector per process, registered once on the global registry (which the engine process
+exports, and the API process too when the engine runs on its thread), over a weak set of cores:
+tests and embedded use create many cores in one process, and a core that is gone drops out.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Iterator
+from typing import Protocol
+
+from prometheus_client import REGISTRY
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from service.model.paged_cache import PagedKVCache
+
+
+class PoolOwner(Protocol):
+    compile_seconds: float
+
+    def kv_pools(self) -> dict[str, PagedKVCache]: ...
+
+
+_CORES: weakref.WeakSet[PoolOwner] = weakref.WeakSet()
+
+
+def track(core: PoolOwner) -> None:
+    """Report `core`'s pools from now on (for as long as it lives)."""
+    _collector()
+    _CORES.add(core)
+
+
+class _PoolCollector(Collector):
+    def collect(self) -> Iterator[Metric]:
+        usage = GaugeMetricFamily(
+            "pe_kv_cache_usage_perc",
+            "Fraction of the model's KV cache blocks reserved by running requests (1 = full).",
+            labels=["model"],
+        )
+        tokens = GaugeMetricFamily(
+            "pe_kv_cache_capacity_tokens", "Tokens the model's KV cache pool holds.", labels=["model"]
+        )
+        size = GaugeMetricFamily("pe_kv_cache_bytes", "Bytes of the model's KV cache pool.", labels=["model"])
+        compile_time = GaugeMetricFamily(
+            "pe_decode_compile_seconds", "Seconds spent compiling the decode step at start-up."
+        )
+        for core in list(_CORES):
+            for model, pool in core.kv_pools().items():
+                usage.add_metric([model], pool.usage)
+                tokens.add_metric([model], pool.total_blocks * pool.block_size)
+                size.add_metric([model], pool.nbytes)
+        compile_time.add_metric([], sum(core.compile_seconds for core in list(_CORES)))
+        yield from (usage, tokens, size, compile_time)
+
+
+@functools.cache
+def _collector() -> _PoolCollector:
+    collector = _PoolCollector()
+    REGISTRY.register(collector)
+    return collector

@@ -1,0 +1,192 @@
+"""The paged KV pool and the decode step, against a full pass over the same tokens.
+
+Rows of different lengths and scalings decode together, across the native context (16) and a
+window bucket boundary (64), while others join and leave; every step's logits must equal each
+row's own full forward pass. The pure step runs uncompiled for every scheme and scaling (the
+reference path), and compiled for a mixed RoPE batch and inside the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pe_runtime import RopeScaling
+from service.engine.core import DecodeSettings
+from service.engine.engine import InferenceEngine, load_models
+from service.engine.types import GenerationRequest, GenerationResult, SamplingParams
+from service.model.fast_decode import FastDecoder
+from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows
+from service.model.refresh import recompute_row, stale_rows
+from service.model.transformer import Transformer
+from tests.conftest import TINY_CONFIG, TinyCheckpointFactory, rope_scalings, tiny_transformer
+
+NATIVE = 16
+TOLERANCE = 1e-4
+SCALINGS = rope_scalings(NATIVE, rotary_dim=TINY_CONFIG["d_model"] // TINY_CONFIG["n_heads"])
+LINEAR = RopeScaling(type="linear", factor=4.0)
+NONE = RopeScaling()
+PROMPTS = (3, 20, 41, 58)  # the longest crosses position 64 (a second window bucket) in 8 steps
+STEPS = 8
+
+SCHEME_CASES: list[tuple[str, dict[str, Any], list[RopeScaling]]] = [
+    ("rope", {"pe": "rope"}, list(SCALINGS.values())),
+    ("rope-gptj-partial", {"pe": "rope", "rope_layout": "gptj", "rotary_fraction": 0.5}, [NONE, LINEAR]),
+    ("learned", {"pe": "learned", "native_context": 128}, [NONE, RopeScaling(type="linear", factor=2.0)]),
+    ("sinusoidal", {"pe": "sinusoidal"}, [NONE, LINEAR]),
+    ("alibi", {"pe": "alibi"}, [NONE]),
+    ("t5_bias", {"pe": "t5_bias", "t5_num_buckets": 8, "t5_max_distance": 20}, [NONE]),
+    ("nope", {"pe": "nope"}, [NONE]),
+]
+
+
+def pool_for(model: Transformer, tokens: int = 4096) -> PagedKVCache:
+    return PagedKVCache.within(
+        model.config, 0, min_tokens=tokens, device=torch.device("cpu"), dtype=torch.float32
+    )
+
+
+def prefill(model: Transformer, pool: PagedKVCache, prompt: list[int], scaling: RopeScaling) -> PagedRow:
+    row = pool.allocate(len(prompt) + STEPS + 1)
+    with torch.inference_mode():
+        model(torch.tensor([prompt]), scaling=[scaling], cache=PagedRows(pool, [row]))
+    return row
+
+
+def full_pass_logits(
+    model: Transformer, rows: Sequence[PagedRow], feed: list[int], scalings: list[RopeScaling]
+) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.stack(
+            [
+                model(torch.tensor([[*row.tokens, token]]), scaling=[scaling], last_n=1)[0, -1].float()
+                for row, token, scaling in zip(rows, feed, scalings, strict=True)
+            ]
+        )
+
+
+def decode_and_compare(model: Transformer, decoder: FastDecoder, scalings: list[RopeScaling]) -> float:
+    """Decode `STEPS` tokens for rows of `PROMPTS` lengths; the worst logit gap to the full pass.
+
+    After half the steps the second row leaves and a new one joins, as in a running batch.
+    """
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 256, (n,), generator=generator).tolist() for n in PROMPTS]
+    row_scalings = [scalings[i % len(scalings)] for i in range(len(prompts))]
+    rows = [prefill(model, decoder.pool, p, s) for p, s in zip(prompts, row_scalings, strict=True)]
+    feed = [prompt[-1] for prompt in prompts]
+    worst = 0.0
+    for step in range(STEPS):
+        if step == STEPS // 2:
+            decoder.pool.release(rows.pop(1))
+            feed.pop(1)
+            row_scalings.pop(1)
+            newcomer = torch.randint(0, 256, (9,), generator=generator).tolist()
+            rows.append(prefill(model, decoder.pool, newcomer, scalings[-1]))
+            feed.append(newcomer[-1])
+            row_scalings.append(scalings[-1])
+        view = PagedRows(decoder.pool, rows)
+        lengths = [row.length + 1 for row in rows]
+        with torch.inference_mode():
+            for stale in stale_rows(model, view, row_scalings, lengths):
+                recompute_row(model, view, stale, row_scalings[stale], lengths[stale])
+        expected = full_pass_logits(model, rows, feed, row_scalings)
+        logits = decoder.step(view, feed, row_scalings)
+        worst = max(worst, float((logits - expected).abs().max()))
+        feed = logits.argmax(dim=-1).tolist()
+    return worst
+
+
+@pytest.mark.parametrize(
+    ("overrides", "scalings"), [case[1:] for case in SCHEME_CASES], ids=[case[0] for case in SCHEME_CASES]
+)
+def test_reference_step_equals_the_full_pass(overrides: dict[str, Any], scalings: list[RopeScaling]) -> None:
+    model = tiny_transformer(native_context=overrides.pop("native_context", NATIVE), **overrides)
+    decoder = FastDecoder(model, pool_for(model), max_window=128, compile=False)
+    assert decode_and_compare(model, decoder, scalings) < TOLERANCE
+
+
+def test_compiled_step_equals_the_full_pass_for_a_mixed_batch() -> None:
+    model = tiny_transformer(native_context=NATIVE, pe="rope")
+    decoder = FastDecoder(model, pool_for(model), max_window=128)
+    assert decode_and_compare(model, decoder, list(SCALINGS.values())) < TOLERANCE
+
+
+def test_windows_past_the_compiled_range_are_left_to_the_eager_path() -> None:
+    model = tiny_transformer(native_context=NATIVE)
+    decoder = FastDecoder(model, pool_for(model), max_window=64, compile=False)
+    assert decoder.accepts([63]) and not decoder.accepts([64])  # a row at length 63 needs 64 keys
+    assert decoder.windows() == [64]
+
+
+def test_pool_reserves_whole_requests_and_gets_every_block_back() -> None:
+    model = tiny_transformer(native_context=NATIVE)
+    pool = PagedKVCache.within(
+        model.config, 0, min_tokens=100, device=torch.device("cpu"), dtype=torch.float32
+    )
+    assert pool.total_blocks == 7  # ceil(100 / 16); the scratch block is not counted
+    first = pool.allocate(40)
+    assert len(first.blocks) == 3 and 0 not in first.blocks
+    assert not pool.fits(100) and pool.fits(64)
+    assert pool.usage == pytest.approx(3 / 7)
+    pool.release(first)
+    assert pool.usage == 0.0 and pool.fits(100)
+    budget = PagedKVCache.within(
+        model.config, 1 << 20, min_tokens=1, device=torch.device("cpu"), dtype=torch.float32
+    )
+    assert budget.nbytes <= (1 << 20) + budget.nbytes // (budget.total_blocks + 1)
+
+
+@pytest.fixture(scope="module")
+def rope_dir(make_tiny_checkpoint: TinyCheckpointFactory) -> Path:
+    return make_tiny_checkpoint("rope", name="tiny-rope-fast", native_context=NATIVE)
+
+
+def generate_all(
+    rope_dir: Path, decode: DecodeSettings, prompts: list[list[int]], max_context: int = 4096
+) -> list[GenerationResult]:
+    engine = InferenceEngine(
+        load_models([rope_dir], max_context=max_context), max_batch_size=8, decode=decode
+    )
+    engine.start()
+    try:
+        handles = [
+            engine.submit(
+                GenerationRequest(
+                    f"r{index}",
+                    "tiny-rope-fast",
+                    tuple(prompt),
+                    SamplingParams(max_new_tokens=12 + index, temperature=0.0, logprobs=True),
+                    list(SCALINGS.values())[index % len(SCALINGS)],
+                )
+            )
+            for index, prompt in enumerate(prompts)
+        ]
+        results = [list(handle)[-1] for handle in handles]
+    finally:
+        engine.shutdown()
+    assert all(isinstance(result, GenerationResult) for result in results)
+    return [result for result in results if isinstance(result, GenerationResult)]
+
+
+def test_compiled_engine_generates_what_the_eager_engine_does(rope_dir: Path) -> None:
+    prompts = [[256, *range(1, n)] for n in (2, 9, 30, 45, 5, 17)]
+    eager = generate_all(rope_dir, DecodeSettings(), prompts)
+    compiled = generate_all(rope_dir, DecodeSettings(compile=True, compile_max_window=64), prompts)
+    for ours, theirs in zip(compiled, eager, strict=True):
+        assert ours.tokens == theirs.tokens
+        assert ours.logprobs is not None and theirs.logprobs is not None
+        assert max(abs(a - b) for a, b in zip(ours.logprobs, theirs.logprobs, strict=True)) < TOLERANCE
+
+
+def test_requests_wait_for_blocks_when_the_pool_is_full(rope_dir: Path) -> None:
+    """A pool with room for about one request at a time still serves six, in order, with no error."""
+    prompts = [[256, *range(1, 30)] for _ in range(6)]
+    tight = DecodeSettings(kv_cache_bytes=1)  # the floor: one request of max_context (64)
+    waited = generate_all(rope_dir, tight, prompts, max_context=64)
+    assert [r.tokens for r in waited] == [r.tokens for r in generate_all(rope_dir, DecodeSettings(), prompts)]
+    assert max(r.timing.queue_ms for r in waited) > 0.0
