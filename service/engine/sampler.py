@@ -15,6 +15,7 @@ min-p before the draw.
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple
@@ -41,8 +42,8 @@ class Sampler:
     ) -> None:
         self.params = params
         self.eos_ids = tuple(sorted(eos_ids))
-        self.generator = torch.Generator(device="cpu")
-        self.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
+        self.seed = params.seed if params.seed is not None else secrets.randbits(63)
+        self._generator: torch.Generator | None = None
         self.generated = 0
         self._prompt = tuple(prompt)
         self._seen: Tensor | None = None  # bool [V]: prompt and output tokens (repetition penalty)
@@ -67,15 +68,22 @@ class Sampler:
         enders = self.params.stop_token_ids
         return enders if self.params.ignore_eos else (*enders, *self.eos_ids)
 
-    def seen(self, vocab: int) -> Tensor:
+    def generator(self, device: torch.device) -> torch.Generator:
+        """The request's random stream, on the device its logits live on (made at the first draw)."""
+        if self._generator is None:
+            self._generator = torch.Generator(device=device)
+            self._generator.manual_seed(self.seed)
+        return self._generator
+
+    def seen(self, vocab: int, device: torch.device) -> Tensor:
         if self._seen is None:
-            self._seen = torch.zeros(vocab, dtype=torch.bool)
+            self._seen = torch.zeros(vocab, dtype=torch.bool, device=device)
             self._seen[[token for token in self._prompt if token < vocab]] = True
         return self._seen
 
-    def counts(self, vocab: int) -> Tensor:
+    def counts(self, vocab: int, device: torch.device) -> Tensor:
         if self._counts is None:
-            self._counts = torch.zeros(vocab)
+            self._counts = torch.zeros(vocab, device=device)
         return self._counts
 
     def record(self, token: int) -> None:
@@ -87,7 +95,7 @@ class Sampler:
             self._counts[token] += 1.0
 
     def sample(self, logits: Tensor) -> tuple[int, float]:
-        """logits: float32 [vocab] on CPU -> (token, its raw log-probability)."""
+        """logits: float32 [vocab] -> (token, its raw log-probability)."""
         token, logprob, _ = sample_rows([self], logits[None])[0]
         return token, logprob
 
@@ -97,14 +105,17 @@ class Sampler:
         filtered = _min_p(
             _top_p(_top_k(_tempered(logits, params.temperature), params.top_k), params.top_p), params.min_p
         )
-        return int(torch.multinomial(torch.softmax(filtered, dim=-1), 1, generator=self.generator))
+        probabilities = torch.softmax(filtered, dim=-1)
+        return int(torch.multinomial(probabilities, 1, generator=self.generator(logits.device)))
 
 
 def sample_rows(samplers: Sequence[Sampler], logits: Tensor) -> list[Pick]:
-    """One pick per row of float32 logits [B, vocab] on CPU; each sampler records its token.
+    """One pick per row of float32 logits [B, vocab]; each sampler records its token.
 
-    Softmax, argmax and top-k alternatives run once for the whole batch; only rows that sample pay
-    a per-row draw, and only rows that use a penalty or a mask pay for it.
+    Everything runs where the logits are (the model's device): softmax, argmax and top-k
+    alternatives once for the whole batch, a per-row draw only for rows that sample, penalties
+    and masks only for rows that use them. What comes back to the host is B token ids and
+    log-probabilities (and the asked-for alternatives), never a row of logits.
     """
     raw_logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
     adjusted = adjusted_logits(samplers, logits)
@@ -112,7 +123,8 @@ def sample_rows(samplers: Sequence[Sampler], logits: Tensor) -> list[Pick]:
     tokens = [
         best[row] if sampler.greedy else sampler.draw(adjusted[row]) for row, sampler in enumerate(samplers)
     ]
-    chosen = raw_logprobs.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()  # [B]
+    index = torch.tensor(tokens, device=logits.device)[:, None]
+    chosen = raw_logprobs.gather(1, index)[:, 0].tolist()  # [B]
     alternatives = _top_logprobs(raw_logprobs, [sampler.params.top_logprobs for sampler in samplers])
     for sampler, token in zip(samplers, tokens, strict=True):
         sampler.record(token)
@@ -160,19 +172,23 @@ def adjusted_logits(samplers: Sequence[Sampler], logits: Tensor) -> Tensor:
 
 def _repetition_penalty(logits: Tensor, samplers: Sequence[Sampler]) -> Tensor:
     """transformers' rule: a seen token's logit is divided by the penalty if positive, else multiplied."""
-    vocab = logits.shape[-1]
-    seen = torch.stack([sampler.seen(vocab) for sampler in samplers])
-    penalty = torch.tensor([sampler.params.repetition_penalty for sampler in samplers])[:, None]
+    vocab, device = logits.shape[-1], logits.device
+    seen = torch.stack([sampler.seen(vocab, device) for sampler in samplers])
+    penalty = torch.tensor([sampler.params.repetition_penalty for sampler in samplers], device=device)[
+        :, None
+    ]
     penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
     return torch.where(seen, penalized, logits)
 
 
 def _output_penalties(logits: Tensor, samplers: Sequence[Sampler]) -> Tensor:
     """OpenAI's rule: logit - count * frequency_penalty - (count > 0) * presence_penalty."""
-    vocab = logits.shape[-1]
-    counts = torch.stack([sampler.counts(vocab) for sampler in samplers])
-    frequency = torch.tensor([sampler.params.frequency_penalty for sampler in samplers])[:, None]
-    presence = torch.tensor([sampler.params.presence_penalty for sampler in samplers])[:, None]
+    vocab, device = logits.shape[-1], logits.device
+    counts = torch.stack([sampler.counts(vocab, device) for sampler in samplers])
+    frequency = torch.tensor([sampler.params.frequency_penalty for sampler in samplers], device=device)[
+        :, None
+    ]
+    presence = torch.tensor([sampler.params.presence_penalty for sampler in samplers], device=device)[:, None]
     return logits - counts * frequency - (counts > 0).float() * presence
 
 
@@ -208,9 +224,9 @@ def _top_p(logits: Tensor, p: float) -> Tensor:
     if p >= 1.0:
         return logits
     sorted_logits, order = torch.sort(logits, descending=True)
-    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+    probabilities = torch.softmax(sorted_logits, dim=-1)
     # A token is dropped when the tokens before it already reach p; the most likely always stays.
-    dropped_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= p
+    dropped_sorted = (probabilities.cumsum(dim=-1) - probabilities) >= p
     dropped_sorted[0] = False  # p may round to 0 in float32
     dropped = torch.zeros_like(dropped_sorted).scatter(0, order, dropped_sorted)
     return logits.masked_fill(dropped, float("-inf"))
@@ -223,5 +239,5 @@ def _min_p(logits: Tensor, min_p: float) -> Tensor:
     """
     if min_p <= 0.0:
         return logits
-    threshold = logits.max() + torch.log(torch.tensor(min_p))
+    threshold = logits.max() + math.log(min_p)
     return logits.masked_fill(logits < threshold, float("-inf"))
