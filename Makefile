@@ -38,6 +38,7 @@ test: lint typecheck pytest
 bench: $(STAMP)
 	$(BIN)/python -m bench.pe_cache
 	$(BIN)/python -m bench.extrapolation
+	$(BIN)/python -m bench.decode_step
 	$(BIN)/python -m bench.throughput
 	$(BIN)/python -m bench.serving
 

@@ -64,6 +64,7 @@ from bench.throughput import (
     scaling_specs,
 )
 from pe_runtime import RopeScaling
+from service.engine.core import DecodeSettings
 from service.engine.engine import InferenceEngine
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +72,7 @@ DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "zoo-rope"
 DEFAULT_OUTPUT = Path(__file__).parent / "results" / "serving.md"
 MAX_BATCH_SIZE = 64
 MAX_CONTEXT = 4096
-READY_TIMEOUT_S = 180.0
+READY_TIMEOUT_S = 600.0  # a cold start with --compile compiles the decode step first
 STOP_TIMEOUT_S = 30.0
 SCALING_NAMES = ("none", "linear", "ntk", "dynamic", "yarn", "llama3")
 STALL_GOAL = 5.0  # max gap with a long request arriving / p99 gap alone
@@ -167,7 +168,7 @@ def free_port() -> int:
 
 
 def server_command(
-    model_dir: Path | str, port: int | str, threads: int, grpc_port: int | str = 0
+    model_dir: Path | str, port: int | str, threads: int, grpc_port: int | str = 0, *, compile: bool = False
 ) -> list[str]:
     """The server exactly as a user would start it, one process serving every section (gRPC off
     unless a port is given)."""
@@ -176,6 +177,7 @@ def server_command(
         *("--grpc-port", str(grpc_port)),
         *("--device", "cpu", "--dtype", "float32", "--max-context", str(MAX_CONTEXT)),
         *("--max-batch-size", str(MAX_BATCH_SIZE), "--max-queue", "0", "--torch-threads", str(threads)),
+        "--compile" if compile else "--no-compile",
     ]
 
 
@@ -198,7 +200,9 @@ def log_tail(log_path: Path, lines: int = 40) -> str:
 
 
 @contextlib.contextmanager
-def running_server(model_dir: Path, threads: int, log_path: Path, grpc_port: int = 0) -> Iterator[str]:
+def running_server(
+    model_dir: Path, threads: int, log_path: Path, grpc_port: int = 0, *, compile: bool = False
+) -> Iterator[str]:
     """A ready server subprocess for the block, stopped (SIGTERM, then SIGKILL) whatever happens.
 
     Its intra-op threads are pinned like the benchmark's own, so HTTP and in-process runs compute
@@ -213,7 +217,7 @@ def running_server(model_dir: Path, threads: int, log_path: Path, grpc_port: int
     }
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, *server_command(model_dir, port, threads, grpc_port)],
+            [sys.executable, *server_command(model_dir, port, threads, grpc_port, compile=compile)],
             cwd=REPO_ROOT,
             env=environment,
             stdout=log,
@@ -659,19 +663,24 @@ class Results:
 
 
 def run_all(
-    ours_dir: Path, llama_dir: Path, workdir: Path, sizes: Sizes, repeats: int, threads: int
+    ours_dir: Path, llama_dir: Path, workdir: Path, sizes: Sizes, repeats: int, threads: int, compile: bool
 ) -> Results:
     """Every section against one server process; the in-process engine only lives for section 1."""
     from transformers import LlamaForCausalLM
 
     reference = LlamaForCausalLM.from_pretrained(llama_dir, dtype=torch.float32)
     reference.train(False)
-    with running_server(ours_dir, threads, workdir / "server.log") as base_url:
+    with running_server(ours_dir, threads, workdir / "server.log", compile=compile) as base_url:
         native = served_native_context(base_url)
         short_repeats = repeats * sizes.short_run_repeats
         progress("1/5 serving path")
         engine = InferenceEngine.from_model_dirs(
-            [ours_dir], device="cpu", dtype="float32", max_batch_size=MAX_BATCH_SIZE, max_queue=0
+            [ours_dir],
+            device="cpu",
+            dtype="float32",
+            max_batch_size=MAX_BATCH_SIZE,
+            max_queue=0,
+            decode=DecodeSettings(compile=compile),
         )
         engine.start()
         try:
@@ -709,6 +718,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads, here and in the server")
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the compiled decode step in the server and the in-process engine (default on)",
+    )
     arguments = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(arguments)
     sizes = QUICK if args.quick else FULL
@@ -718,7 +733,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = datetime.now(UTC)
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as workdir:
         ours_dir, llama_dir, source = prepare_models(args.model_dir, Path(workdir))
-        results = run_all(ours_dir, llama_dir, Path(workdir), sizes, repeats, args.threads)
+        results = run_all(ours_dir, llama_dir, Path(workdir), sizes, repeats, args.threads, args.compile)
     machine = (
         f"{platform.platform()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs "
         f"(load average {load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end)"
@@ -729,6 +744,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         date=f"{started:%Y-%m-%d %H:%M} UTC, {(datetime.now(UTC) - started).total_seconds():.0f} s",
         source=source,
         threads=args.threads,
+        compile=args.compile,
         repeats=repeats,
         quick=args.quick,
         revision=code_revision(),
@@ -746,6 +762,7 @@ class Header:
     date: str
     source: str
     threads: int
+    compile: bool
     repeats: int
     quick: bool
     revision: str
@@ -774,7 +791,9 @@ def verdict(met: bool) -> str:
 def report(header: Header, sizes: Sizes, results: Results) -> str:
     import transformers
 
-    server = shlex.join(["python", *server_command("MODEL_COPY", "PORT", header.threads)])
+    server = shlex.join(
+        ["python", *server_command("MODEL_COPY", "PORT", header.threads, compile=header.compile)]
+    )
     lines = [
         "# Serving: the real server over HTTP vs. in-process and transformers `generate()`",
         "",

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import torch
 
 from pe_runtime import RopeScaling
+from service.engine.core import DecodeSettings
 from service.engine.engine import InferenceEngine
 from service.engine.types import GenerationRequest, GenerationResult, SamplingParams
 from service.model.checkpoint import load_checkpoint, save_checkpoint
@@ -225,6 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="our engine with the compiled decode step (default on)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from transformers import LlamaForCausalLM
@@ -234,7 +241,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ours_dir, llama_dir, source = prepare_models(args.model_dir, Path(workdir))
         reference = LlamaForCausalLM.from_pretrained(llama_dir, dtype=torch.float32)
         reference.train(False)
-        engine = InferenceEngine.from_model_dirs([ours_dir], device="cpu", dtype="float32", max_batch_size=64)
+        engine = InferenceEngine.from_model_dirs(
+            [ours_dir],
+            device="cpu",
+            dtype="float32",
+            max_batch_size=64,
+            decode=DecodeSettings(compile=args.compile),
+        )
         engine.start()
         try:
             results = {c: measure_concurrency(engine, reference, c, args) for c in args.concurrency}
@@ -263,7 +276,8 @@ def report(
         "",
         f"Model: {source}; {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens each, greedy, "
         f"float32. CPU: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-        f"{args.threads} intra-op thread(s). Medians of {args.repeats} interleaved runs after a warm-up. "
+        f"{args.threads} intra-op thread(s), decode step {'compiled' if args.compile else 'eager'}. "
+        f"Medians of {args.repeats} interleaved runs after a warm-up. "
         f"The machine is shared (load average {load}), so expect run-to-run noise.",
         "",
         "Tokens/s counts generated tokens of all requests over the wall time from the first submit "

@@ -1,0 +1,172 @@
+"""The model alone, one decode step: the eager model vs. the compiled step, and what compiling costs.
+
+Rows of `--prompt-tokens` are prefilled into a paged KV pool, then decoded `--steps` tokens; the
+eager side is `Transformer.forward` over the pool (the engine's path without `--compile`), the
+compiled side `FastDecoder.step` (with it). Both see the same rows, window growth and weights;
+runs alternate within every repeat, and the ratio is the median of per-repeat ratios. No
+scheduling, sampling or HTTP: `bench.serving` measures those.
+
+Compile time is measured twice: cold, in this process with an empty inductor cache (what a first
+start-up on a host pays), and warm, in a fresh process reusing that cache (every later start-up).
+Run:
+
+    python -m bench.decode_step [--batches 1 16 64] [--repeats 5] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from service.model.checkpoint import load_checkpoint
+from service.model.fast_decode import FastDecoder
+from service.model.paged_cache import PagedKVCache, PagedRows
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "zoo-rope"
+DEFAULT_OUTPUT = Path(__file__).parent / "results" / "decode_step.md"
+MAX_WINDOW = 512
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    parser.add_argument("--warm-start-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.warm_start_only:
+        print(f"{compile_seconds(args.model_dir):.2f}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bench-inductor-") as cache_dir:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir  # read when inductor first compiles
+        load_before = os.getloadavg()[0]
+        cold = compile_seconds(args.model_dir)
+        warm = warm_start_seconds(args)
+        rows = {batch: measure(args, batch) for batch in args.batches}
+    load = f"{load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end, {os.cpu_count()} CPUs"
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(report(args, rows, cold, warm, load))
+    print(args.output.read_text())
+    return 0
+
+
+def decoder_for(model_dir: Path) -> FastDecoder:
+    model = load_checkpoint(model_dir, dtype=torch.float32).eval()
+    pool = PagedKVCache.within(
+        model.config, 64 << 20, min_tokens=4096, device=torch.device("cpu"), dtype=torch.float32
+    )
+    return FastDecoder(model, pool, max_window=MAX_WINDOW)
+
+
+def compile_seconds(model_dir: Path) -> float:
+    return float(decoder_for(model_dir).warm_up())
+
+
+def warm_start_seconds(args: argparse.Namespace) -> float:
+    command = [
+        sys.executable,
+        "-m",
+        "bench.decode_step",
+        "--warm-start-only",
+        "--model-dir",
+        str(args.model_dir),
+    ]
+    command += ["--threads", str(args.threads)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def measure(args: argparse.Namespace, batch: int) -> dict[str, float]:
+    """Median ms per step of each side, and the median per-repeat ratio eager / compiled."""
+    decoder = decoder_for(args.model_dir)
+    decoder.warm_up()
+    sides: dict[str, Callable[[], float]] = {
+        "eager": lambda: run(decoder, batch, args, compiled=False),
+        "compiled": lambda: run(decoder, batch, args, compiled=True),
+    }
+    samples: dict[str, list[float]] = {side: [] for side in sides}
+    for _ in range(args.repeats):
+        for side, once in sides.items():
+            samples[side].append(once())
+    ratios = [e / c for e, c in zip(samples["eager"], samples["compiled"], strict=True)]
+    return {
+        "eager": statistics.median(samples["eager"]),
+        "compiled": statistics.median(samples["compiled"]),
+        "ratio": statistics.median(ratios),
+    }
+
+
+def run(decoder: FastDecoder, batch: int, args: argparse.Namespace, *, compiled: bool) -> float:
+    """Median ms of one decode step over `args.steps` steps of `batch` fresh rows."""
+    model, pool = decoder.model, decoder.pool
+    generator = torch.Generator().manual_seed(batch)
+    scaling = model.positions.default_scaling
+    rows = [pool.allocate(args.prompt_tokens + args.steps + 1) for _ in range(batch)]
+    view = PagedRows(pool, rows)
+    prompts = torch.randint(0, 256, (batch, args.prompt_tokens), generator=generator)
+    times = []
+    with torch.inference_mode():
+        model(prompts, scaling=[scaling] * batch, cache=view)
+        feed = prompts[:, -1].tolist()
+        for _ in range(args.steps):
+            start = time.perf_counter()
+            if compiled:
+                logits = decoder.step(view, feed, [scaling] * batch)
+            else:
+                logits = model(torch.tensor(feed)[:, None], scaling=[scaling] * batch, cache=view)[:, -1]
+            times.append(time.perf_counter() - start)
+            feed = logits.argmax(dim=-1).tolist()
+    for row in rows:
+        pool.release(row)
+    return statistics.median(times) * 1000.0
+
+
+def report(
+    args: argparse.Namespace, rows: dict[int, dict[str, float]], cold: float, warm: float, load: str
+) -> str:
+    command = " ".join(["python -m bench.decode_step", *sys.argv[1:]])
+    lines = [
+        "# One decode step: the eager model vs. the compiled step",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Model: `{args.model_dir.name}`, float32, CPU ({platform.processor() or platform.machine()}), "
+        f"torch {torch.__version__}, {args.threads} intra-op thread(s); load average {load}. "
+        f"Each row has a {args.prompt_tokens}-token prompt, then {args.steps} decode steps (keys "
+        f"{args.prompt_tokens} to {args.prompt_tokens + args.steps}); ms are medians over the steps, then "
+        f"over {args.repeats} alternating repeats; the ratio is the median of per-repeat ratios.",
+        "",
+        "| batch | eager ms/step | compiled ms/step | eager / compiled |",
+        "|---:|---:|---:|---:|",
+    ]
+    for batch, row in rows.items():
+        lines.append(f"| {batch} | {row['eager']:.3f} | {row['compiled']:.3f} | {row['ratio']:.2f}x |")
+    lines += [
+        "",
+        f"Compile time at start-up (every window bucket from 64 to {MAX_WINDOW} keys, for one row and "
+        f"for batches): **{cold:.1f} s** with an empty inductor cache, **{warm:.1f} s** in a new process "
+        "with the cache filled. Models of the same architecture and scheme share the compiled code; "
+        "each further scheme pays its own compile.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
