@@ -5,7 +5,8 @@ the pipe, messages are tuples:
 
 - to the engine: `("add", Job)`, `("cancel", job_key)`, `("metrics", nonce)`, `("shutdown",)`;
 - from the engine: `("ready", [ModelSpec, ...])` once the models are loaded, or `("failed", text)`;
-  then `("step", StepOutput)`, one per step with every request's events of that step, and
+  then `("step", StepOutput)`, one per step with every request's events of that step (steps with
+  no events only every `_STATS_EVERY_S`, for the counters), and
   `("metrics", nonce, text)` in answer to a metrics request.
 
 While the core has work the loop only peeks at the pipe between steps; when it is idle it blocks
@@ -51,6 +52,8 @@ _GATHER_GAP_S = 0.002
 _GATHER_MAX_S = 0.05
 # How often a busy engine hands freed heap back (see `_heap_trimmer`); a trim takes milliseconds.
 _TRIM_EVERY_S = 2.0
+# The longest a busy engine goes without telling the API process its counters (for /metrics).
+_STATS_EVERY_S = 0.05
 
 
 def engine_main(connection: Connection, config: EngineConfig) -> None:
@@ -92,7 +95,7 @@ def engine_main(connection: Connection, config: EngineConfig) -> None:
 def _serve(connection: Connection, core: EngineCore) -> None:
     release_memory = _heap_trimmer()
     busy = False
-    trimmed_at = time.monotonic()
+    trimmed_at = sent_at = time.monotonic()
     while True:
         was_idle = not core.has_work()
         now = time.monotonic()
@@ -112,7 +115,14 @@ def _serve(connection: Connection, core: EngineCore) -> None:
                 if not _handle_commands(connection, core, block=False):
                     return
         if core.has_work():
-            connection.send(("step", core.step()))
+            output = core.step()
+            # A step without events (non-streaming rows between their first token and their end)
+            # only refreshes counters, which the next message carries anyway: skip it unless the
+            # last one is getting old or the core just went idle.
+            now = time.monotonic()
+            if output.events or not core.has_work() or now - sent_at >= _STATS_EVERY_S:
+                connection.send(("step", output))
+                sent_at = now
 
 
 def _handle_commands(connection: Connection, core: EngineCore, *, block: bool) -> bool:
