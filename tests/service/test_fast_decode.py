@@ -45,25 +45,31 @@ SCHEME_CASES: list[tuple[str, dict[str, Any], list[RopeScaling]]] = [
 
 
 def pool_for(model: Transformer, tokens: int = 4096) -> PagedKVCache:
-    return PagedKVCache.within(
-        model.config, 0, min_tokens=tokens, device=torch.device("cpu"), dtype=torch.float32
-    )
+    weight = model.embed_tokens.weight
+    return PagedKVCache.within(model.config, 0, min_tokens=tokens, device=weight.device, dtype=weight.dtype)
 
 
 def prefill(model: Transformer, pool: PagedKVCache, prompt: list[int], scaling: RopeScaling) -> PagedRow:
     row = pool.allocate(len(prompt) + STEPS + 1)
     with torch.inference_mode():
-        model(torch.tensor([prompt]), scaling=[scaling], cache=PagedRows(pool, [row]))
+        model(
+            torch.tensor([prompt], device=pool.keys[0].device),
+            scaling=[scaling],
+            cache=PagedRows(pool, [row]),
+        )
     return row
 
 
 def full_pass_logits(
     model: Transformer, rows: Sequence[PagedRow], feed: list[int], scalings: list[RopeScaling]
 ) -> torch.Tensor:
+    device = model.embed_tokens.weight.device
     with torch.inference_mode():
         return torch.stack(
             [
-                model(torch.tensor([[*row.tokens, token]]), scaling=[scaling], last_n=1)[0, -1].float()
+                model(torch.tensor([[*row.tokens, token]], device=device), scaling=[scaling], last_n=1)[
+                    0, -1
+                ].float()
                 for row, token, scaling in zip(rows, feed, scalings, strict=True)
             ]
         )
@@ -116,6 +122,13 @@ def test_compiled_step_equals_the_full_pass_for_a_mixed_batch() -> None:
     assert decode_and_compare(model, decoder, list(SCALINGS.values())) < TOLERANCE
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compiled_step_on_cuda_equals_the_full_pass() -> None:
+    model = tiny_transformer(native_context=NATIVE, pe="rope").cuda()
+    decoder = FastDecoder(model, pool_for(model), max_window=128)
+    assert decode_and_compare(model, decoder, list(SCALINGS.values())) < TOLERANCE
+
+
 def test_windows_past_the_compiled_range_are_left_to_the_eager_path() -> None:
     model = tiny_transformer(native_context=NATIVE)
     decoder = FastDecoder(model, pool_for(model), max_window=64, compile=False)
@@ -160,7 +173,14 @@ def generate_all(
                     f"r{index}",
                     "tiny-rope-fast",
                     tuple(prompt),
-                    SamplingParams(max_new_tokens=12 + index, temperature=0.0, logprobs=True),
+                    # even rows greedy, odd rows sampled with a seed of their own
+                    SamplingParams(
+                        max_new_tokens=12 + index,
+                        temperature=0.0 if index % 2 == 0 else 0.9,
+                        top_p=0.95,
+                        seed=index,
+                        logprobs=True,
+                    ),
                     list(SCALINGS.values())[index % len(SCALINGS)],
                 )
             )
@@ -174,6 +194,8 @@ def generate_all(
 
 
 def test_compiled_engine_generates_what_the_eager_engine_does(rope_dir: Path) -> None:
+    """Same tokens, greedy or seeded, and the same log-probabilities: the eager engine's HF parity
+    (tests/service/test_hf_parity.py) carries over to the compiled step."""
     prompts = [[256, *range(1, n)] for n in (2, 9, 30, 45, 5, 17)]
     eager = generate_all(rope_dir, DecodeSettings(), prompts)
     compiled = generate_all(rope_dir, DecodeSettings(compile=True, compile_max_window=64), prompts)
