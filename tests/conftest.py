@@ -23,7 +23,7 @@ import torch
 from pe_runtime import RopeScaling
 from service.model.checkpoint import save_checkpoint
 from service.model.config import SCHEMES, ModelConfig
-from service.model.kv_cache import KVCache
+from service.model.kv_cache import RowCache
 from service.model.refresh import recompute_row, stale_rows
 from service.model.transformer import Transformer
 
@@ -81,7 +81,7 @@ def rope_scalings(original: int, rotary_dim: int) -> dict[str, RopeScaling]:
 
 
 def cached_forward(
-    model: Transformer, tokens: torch.Tensor, scaling: RopeScaling | list[RopeScaling] | None, cache: KVCache
+    model: Transformer, tokens: torch.Tensor, scaling: RopeScaling | list[RopeScaling] | None, cache: RowCache
 ) -> torch.Tensor:
     """What the engine's batch does per pass: refresh rows whose table changed, then run the tokens."""
     rows = tokens.shape[0]

@@ -25,7 +25,7 @@ def quick_report(
 ) -> tuple[str, list[str]]:
     model_dir = make_tiny_checkpoint("rope", name="tiny-serving")
     output = tmp_path_factory.mktemp("serving") / "serving.md"
-    argv = ["--quick", "--model-dir", str(model_dir), "--output", str(output)]
+    argv = ["--quick", "--no-compile", "--model-dir", str(model_dir), "--output", str(output)]
     assert main(argv) == 0
     return output.read_text(), argv
 

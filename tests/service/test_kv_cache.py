@@ -1,4 +1,4 @@
-"""The right-padded KV cache: rows keep their own lengths through growth, joins and leaves."""
+"""The KV caches: contiguous rows keep their own lengths through growth; pool rows batch like them."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import torch
 
 from service.model.config import ModelConfig
 from service.model.kv_cache import KVCache
+from service.model.paged_cache import PagedKVCache, PagedRows
 from service.model.transformer import Transformer
 from tests.conftest import TINY_CONFIG
 
@@ -41,42 +42,18 @@ def test_growth_keeps_every_entry() -> None:
     assert torch.equal(cache.row_tokens(0), torch.tensor([[0, 1, 2]]))
 
 
-def test_select_and_concat_move_rows_with_their_lengths() -> None:
-    joined = KVCache.concat([filled([2, 3], capacity=4), filled([6], capacity=8)])
-    assert joined.lengths == [2, 3, 6] and joined.capacity == 8
-    kept = joined.select([2, 0])
-    assert kept.lengths == [6, 2]
-    assert torch.equal(kept.values[0][0, 0, :6, 0], torch.arange(6, dtype=torch.float32))
-    assert torch.equal(kept.row_tokens(1), torch.tensor([[0, 1]]))
-
-
-def test_rows_leave_by_moving_the_last_rows_into_their_slots_and_join_into_free_slots() -> None:
-    cache = filled([2, 3, 4, 5], capacity=8)
-    slots = cache.keys[0].untyped_storage().data_ptr()
-    order = cache.retain([False, True, False, True])  # rows 1 and 3 stay; row 3 moves into slot 0
-    assert order == [3, 1] and cache.lengths == [5, 3]
-    assert torch.equal(cache.keys[0][0, 0, :5, 0], 300 + torch.arange(5, dtype=torch.float32))
-    assert torch.equal(cache.row_tokens(0), torch.arange(5)[None] + 300)
-    poisoned = filled([1], capacity=8)
-    poisoned.values[0][0, :, 1:] = float("nan")  # a leaving row's entries must not reach the next one
-    cache.append(poisoned)
-    cache.retain([True, True, False])
-    cache.append(filled([2], capacity=4))  # into the slot the poisoned row left
-    assert cache.lengths == [5, 3, 2]
-    assert torch.isfinite(cache.values[0]).all()
-    assert torch.equal(cache.keys[0][2, 0, :2, 0], torch.arange(2, dtype=torch.float32))
-    assert cache.keys[0].untyped_storage().data_ptr() == slots  # no reallocation: the slots sufficed
-
-
 @torch.inference_mode()
 def test_rows_of_different_lengths_decode_like_separate_caches() -> None:
     torch.manual_seed(0)
     model = Transformer(CONFIG).eval()
     prompts = [torch.randint(0, 258, (1, length)) for length in (3, 9)]
     separate = [model.new_cache(1, 16) for _ in prompts]
-    for prompt, cache in zip(prompts, separate, strict=True):
+    pool = PagedKVCache(CONFIG, 8, device=torch.device("cpu"), dtype=torch.float32)
+    slots = [pool.allocate(16) for _ in prompts]
+    for prompt, cache, slot in zip(prompts, separate, slots, strict=True):
         model(prompt, cache=cache)
-    batched = KVCache.concat([cache.select([0]) for cache in separate])
+        model(prompt, cache=PagedRows(pool, [slot]))  # each row alone in the pool, then together
+    batched = PagedRows(pool, slots)
     step = torch.tensor([[7], [8]])
     together = model(step, cache=batched)[:, -1]
     for row, cache in enumerate(separate):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pe_runtime import RopeScaling
+from service.model.paged_cache import PagedKVCache, PagedRows
 from service.model.transformer import Transformer
 from tests.conftest import TINY_CONFIG, cached_forward, rope_scalings, tiny_transformer
 
@@ -74,12 +75,11 @@ def test_rows_with_different_lengths_and_scalings_match_each_row_alone() -> None
     lengths = [5, 14, 23, 31]  # rows straddle the native context
     generator = torch.Generator().manual_seed(2)
     rows = [torch.randint(0, 258, (1, length + 1), generator=generator) for length in lengths]
-    caches = []
-    for row, name in zip(rows, names, strict=True):
-        cache = model.new_cache(1, capacity=row.shape[1])
-        cached_forward(model, row[:, :-1], SCALINGS[name], cache)
-        caches.append(cache)
-    batch_cache = type(caches[0]).concat(caches)
+    pool = PagedKVCache(model.config, 16, device=torch.device("cpu"), dtype=torch.float32)
+    slots = [pool.allocate(row.shape[1]) for row in rows]
+    for row, name, slot in zip(rows, names, slots, strict=True):
+        cached_forward(model, row[:, :-1], SCALINGS[name], PagedRows(pool, [slot]))
+    batch_cache = PagedRows(pool, slots)
     next_tokens = torch.cat([row[:, -1:] for row in rows])  # [4, 1]
     batched = cached_forward(model, next_tokens, [SCALINGS[name] for name in names], batch_cache)[:, -1]
     for index, (row, name) in enumerate(zip(rows, names, strict=True)):
