@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch threads of the engine (default 0: every core but one)",
     )
     parser.add_argument(
-        "--kv-cache-mb", type=int, metavar="MIB", help="KV cache pool per model in MiB (default 256)"
+        "--kv-cache-mb", type=int, metavar="MIB", help="KV cache pool per model in MiB (default 128)"
     )
     parser.add_argument(
         "--compile",

@@ -53,7 +53,7 @@ class Settings(BaseSettings):
         default=0, ge=0, description="Torch threads of the engine; 0 means every core but one."
     )
     kv_cache_mb: int = Field(
-        default=256,
+        default=128,
         ge=1,
         description="KV cache pool per model in MiB (never less than one max_context request).",
     )

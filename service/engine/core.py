@@ -42,9 +42,9 @@ logger = logging.getLogger("service.engine.core")
 # of running streams), large enough that prompts are read in efficient matrix products.
 DEFAULT_STEP_TOKEN_BUDGET = 256
 IDLE_BUDGET_FACTOR = 8
-# Each model's KV block pool. 256 MiB holds about 43,000 tokens of a zoo model (6 KiB per token),
-# e.g. 64 requests of 680 tokens; a pool is never smaller than one request of max_context.
-DEFAULT_KV_CACHE_BYTES = 256 << 20
+# Each model's KV block pool. 128 MiB holds about 21,800 tokens of a zoo model (6 KiB per token),
+# e.g. 64 requests of 340 tokens; a pool is never smaller than one request of max_context.
+DEFAULT_KV_CACHE_BYTES = 128 << 20
 
 
 @dataclass(frozen=True)
