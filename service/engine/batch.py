@@ -80,13 +80,13 @@ class _Group:
     def split(self, keep: Callable[[RunningSequence], bool]) -> list[tuple[RunningSequence, PagedRow]]:
         """Remove the sequences `keep` rejects and return them with their rows."""
         pairs = list(zip(self.sequences, self.rows, strict=True))
-        staying = [pair for pair in pairs if keep(pair[0])]
-        if len(staying) == len(pairs):
+        kept = [keep(sequence) for sequence in self.sequences]
+        if all(kept):
             return []
-        self.sequences = [sequence for sequence, _ in staying]
-        self.rows = [row for _, row in staying]
+        self.sequences = [sequence for (sequence, _), stays in zip(pairs, kept, strict=True) if stays]
+        self.rows = [row for (_, row), stays in zip(pairs, kept, strict=True) if stays]
         self._view = None
-        return [pair for pair in pairs if not keep(pair[0])]
+        return [pair for pair, stays in zip(pairs, kept, strict=True) if not stays]
 
 
 class ModelBatch:

@@ -99,7 +99,9 @@ class EngineCore:
         self._models = {served.name: served for served in models}
         self.max_batch_size = max_batch_size
         self.step_token_budget = step_token_budget
-        self._batches = {name: _model_batch(served, decode) for name, served in self._models.items()}
+        self._batches = {
+            name: _model_batch(served, decode, max_batch_size) for name, served in self._models.items()
+        }
         self.compile_seconds = sum(
             batch.fast.warm_up() for batch in self._batches.values() if batch.fast is not None
         )
@@ -281,13 +283,15 @@ class EngineCore:
         return output
 
 
-def _model_batch(served: ServedModel, decode: DecodeSettings) -> ModelBatch:
+def _model_batch(served: ServedModel, decode: DecodeSettings, max_batch_size: int) -> ModelBatch:
     model = served.model
     weight = model.embed_tokens.weight
+    longest = served.spec.info.max_context
     pool = PagedKVCache.within(
         model.config,
         decode.kv_cache_bytes,
-        min_tokens=served.spec.info.max_context,
+        min_tokens=longest,
+        max_tokens=max_batch_size * longest,
         device=weight.device,
         dtype=weight.dtype,
     )

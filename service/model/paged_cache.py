@@ -72,17 +72,23 @@ class PagedKVCache:
         budget_bytes: int,
         *,
         min_tokens: int,
+        max_tokens: int | None = None,
         block_size: int = BLOCK_SIZE,
         device: torch.device,
         dtype: torch.dtype,
     ) -> PagedKVCache:
-        """The largest pool that fits `budget_bytes`, but never one too small for `min_tokens`.
+        """The largest pool that fits `budget_bytes`, within `min_tokens` and `max_tokens`.
 
         `min_tokens` is the longest request the model accepts: a budget below it would leave
         such a request waiting forever, so the floor wins and the budget is exceeded instead.
+        `max_tokens` is the most the batch can ever hold (its rows times the longest request):
+        memory past it would never be used.
         """
         per_block = bytes_per_token(config, dtype) * block_size
-        blocks = max(budget_bytes // per_block, math.ceil(min_tokens / block_size)) + 1
+        blocks = budget_bytes // per_block
+        if max_tokens is not None:
+            blocks = min(blocks, math.ceil(max_tokens / block_size))
+        blocks = max(blocks, math.ceil(min_tokens / block_size)) + 1
         return cls(config, blocks, block_size=block_size, device=device, dtype=dtype)
 
     @property

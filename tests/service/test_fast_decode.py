@@ -152,6 +152,10 @@ def test_pool_reserves_whole_requests_and_gets_every_block_back() -> None:
         model.config, 1 << 20, min_tokens=1, device=torch.device("cpu"), dtype=torch.float32
     )
     assert budget.nbytes <= (1 << 20) + budget.nbytes // (budget.total_blocks + 1)
+    capped = PagedKVCache.within(
+        model.config, 1 << 30, min_tokens=10, max_tokens=64, device=torch.device("cpu"), dtype=torch.float32
+    )
+    assert capped.total_blocks == 4  # what the batch can hold, whatever the budget
 
 
 @pytest.fixture(scope="module")

@@ -187,7 +187,7 @@ def test_metrics_report_each_models_kv_pool(client: httpx.Client) -> None:
     for name in ("pe_kv_cache_usage_perc", "pe_kv_cache_capacity_tokens", "pe_kv_cache_bytes"):
         assert f"# HELP {name} " in text, name
     assert metric_value(client, 'pe_kv_cache_usage_perc{model="tiny-rope"}') == 0.0
-    assert metric_value(client, 'pe_kv_cache_capacity_tokens{model="tiny-rope"}') >= 4096
+    assert metric_value(client, 'pe_kv_cache_capacity_tokens{model="tiny-rope"}') >= MAX_CONTEXT
     assert metric_value(client, 'pe_kv_cache_bytes{model="tiny-rope"}') > 0
 
 
