@@ -11,7 +11,18 @@ from dataclasses import dataclass
 
 from service.model.config import ModelConfig, Scheme
 
-ZOO_SCHEMES: tuple[Scheme, ...] = ("rope", "alibi", "sinusoidal", "learned", "t5_bias", "nope")
+ZOO_SCHEMES: tuple[Scheme, ...] = (
+    "rope",
+    "alibi",
+    "sinusoidal",
+    "learned",
+    "t5_bias",
+    "nope",
+    "shaw",
+    "transformer_xl",
+    "cope",
+    "rope_alibi",
+)
 TRAINED_CONTEXT = 256
 D_MODEL = 192
 

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from pe_runtime import PECache, PEConfigError, RopeScaling, RopeTables, alibi_bias, rope_seq_len_key
 from pe_runtime.absolute import interpolate_learned
 from service.model.config import ModelConfig, Scheme
+from service.model.relative_attention import RelativeInputs, relative_inputs
 
 # Scalings each scheme can honour. RoPE takes every type; absolute schemes can only stretch their
 # positions linearly (position interpolation); relative biases have no frequencies to rescale.
@@ -30,6 +31,10 @@ SUPPORTED_SCALINGS: dict[Scheme, tuple[str, ...]] = {
     "alibi": ("none",),
     "t5_bias": ("none",),
     "nope": ("none",),
+    "rope_alibi": ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope"),
+    "transformer_xl": ("none", "linear"),
+    "shaw": ("none",),
+    "cope": ("none",),
 }
 
 
@@ -60,6 +65,7 @@ class PositionalInputs:
     rope: tuple[Tensor, Tensor] | None  # cos, sin [B|1, 1, Tq, rotary_dim] for the new tokens
     attn_mask: Tensor | None  # additive [B|1, n_heads|1, Tq, Tk], -inf where a key is not visible
     causal: bool  # with no mask: causal attention (True) or every key visible (False)
+    relative: RelativeInputs | None = None  # Shaw, Transformer-XL, CoPE: read by their explicit attention
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,14 @@ class PositionalEncoding(nn.Module):
             rope=self._rope(rows, query_positions, key_length, dtype),
             attn_mask=mask,
             causal=mask is None and not sees_all,
+            relative=relative_inputs(
+                self.config,
+                self.cache,
+                query_positions,
+                [row.past for row in rows],
+                [_linear_factor(row.scaling) for row in rows],
+                key_length,
+            ),
         )
 
     def table_key(self, scaling: RopeScaling, total_length: int) -> Hashable:
@@ -153,7 +167,7 @@ class PositionalEncoding(nn.Module):
         Only RoPE scalings that change with the length (dynamic, LongRoPE) make it vary; cached
         entries computed under another key are stale.
         """
-        return rope_seq_len_key(scaling, total_length) if self.config.pe == "rope" else None
+        return rope_seq_len_key(scaling, total_length) if self.config.has_rope else None
 
     def keeps_cached_keys(self, scaling: RopeScaling) -> bool:
         """Whether cached entries stay as computed when the table changes (dynamic NTK, "hf" mode).
@@ -167,7 +181,7 @@ class PositionalEncoding(nn.Module):
         self, rows: list[_Row], query_positions: Tensor, key_length: int, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor] | None:
         """cos/sin at the new positions, each row from the table for its own current length."""
-        if self.config.pe != "rope":
+        if not self.config.has_rope:
             return None
         row_keys = [(row.scaling, row.table_key) for row in rows]
         tables: dict[tuple[RopeScaling, Hashable], RopeTables] = {}
@@ -190,7 +204,7 @@ class PositionalEncoding(nn.Module):
     def _attention_bias(self, query_positions: Tensor, key_length: int, dtype: torch.dtype) -> Tensor | None:
         """ALiBi or T5 additive bias [R, n_heads, Tq, Tk]; None for the other schemes."""
         key_positions = torch.arange(key_length, device=query_positions.device)
-        if self.config.pe == "alibi":
+        if self.config.pe in ("alibi", "rope_alibi"):
             slopes = self.cache.alibi_slopes(
                 self.config.n_heads, device=query_positions.device, dtype=torch.float32
             )
