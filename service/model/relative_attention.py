@@ -109,8 +109,9 @@ class RelativeAttention(nn.Module):
         dtype = queries.dtype
         groups = self.config.n_heads // self.config.n_kv_heads
         queries = queries.float()
-        keys = keys.float().repeat_interleave(groups, dim=1)
-        values = values.float().repeat_interleave(groups, dim=1)
+        keys, values = keys.float(), values.float()
+        if groups > 1:
+            keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
         batch, heads, length, _ = queries.shape
         prepared = self.prepare(inputs)
         size = max(1, BLOCK_ELEMENTS // (batch * heads * inputs.key_length))
@@ -120,7 +121,8 @@ class RelativeAttention(nn.Module):
             block_queries = queries[:, :, block.start : block.stop]
             block_keys = keys[:, :, : block.key_stop]
             scores = self.scores(block_queries, block_keys, block, inputs, prepared)
-            probabilities = torch.softmax(scores.masked_fill(~block.visible, float("-inf")), dim=-1)
+            # In place: no producer of the scores keeps them for its backward.
+            probabilities = torch.softmax(scores.masked_fill_(~block.visible, float("-inf")), dim=-1)
             attended = probabilities @ values[:, :, : block.key_stop]
             outputs.append(attended + self.value_term(probabilities, block, inputs))
         return torch.cat(outputs, dim=2).to(dtype)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pe_runtime import RopeScaling
+from service.model.refresh import recompute_row, stale_rows
 from service.model.transformer import Transformer
 from tests.conftest import TINY_CONFIG, cached_forward, rope_scalings, tiny_transformer
 
@@ -21,6 +22,12 @@ TOTAL = 40  # 2.5x the native context
 TOLERANCE = 1e-4
 SCALINGS = rope_scalings(NATIVE, rotary_dim=TINY_CONFIG["d_model"] // TINY_CONFIG["n_heads"])
 LINEAR = RopeScaling(type="linear", factor=4.0)
+# The schemes with their own attention path, with small tables so that the clipping shows.
+RELATIVE: dict[str, dict[str, Any]] = {
+    "shaw": {"pe": "shaw", "shaw_max_distance": 5},
+    "transformer_xl": {"pe": "transformer_xl"},
+    "cope": {"pe": "cope", "cope_npos_max": 6},
+}
 
 CASES = [
     *((f"rope-{name}", {"pe": "rope"}, scaling) for name, scaling in SCALINGS.items()),
@@ -31,6 +38,9 @@ CASES = [
     ("alibi", {"pe": "alibi"}, RopeScaling()),
     ("t5_bias", {"pe": "t5_bias", "t5_num_buckets": 8, "t5_max_distance": 20}, RopeScaling()),
     ("nope", {"pe": "nope"}, RopeScaling()),
+    *((f"rope_alibi-{name}", {"pe": "rope_alibi"}, scaling) for name, scaling in SCALINGS.items()),
+    *((name, overrides, RopeScaling()) for name, overrides in RELATIVE.items()),
+    ("transformer_xl-linear", RELATIVE["transformer_xl"], LINEAR),
 ]
 
 
@@ -85,6 +95,54 @@ def test_rows_with_different_lengths_and_scalings_match_each_row_alone() -> None
     for index, (row, name) in enumerate(zip(rows, names, strict=True)):
         alone = last_logits_of_full_forward(model, row, SCALINGS[name])[0]
         assert (batched[index] - alone).abs().max().item() <= TOLERANCE, name
+
+
+MIXED_BATCHES = [
+    ("rope_alibi", {"pe": "rope_alibi"}, ["none", "dynamic", "yarn", "longrope"]),
+    ("shaw", RELATIVE["shaw"], ["none"] * 4),
+    ("transformer_xl", RELATIVE["transformer_xl"], ["none", "linear", "none", "linear"]),
+    ("cope", RELATIVE["cope"], ["none"] * 4),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "names"), [case[1:] for case in MIXED_BATCHES], ids=[case[0] for case in MIXED_BATCHES]
+)
+@torch.inference_mode()
+def test_new_schemes_decode_mixed_length_batches_like_each_row_alone(
+    overrides: dict[str, Any], names: list[str]
+) -> None:
+    """Rows of different lengths (straddling the native context) and scalings: a padded chunk, then
+    single-token steps, batched; every row's logits equal a full pass over that row alone."""
+    model = tiny_model(**overrides)
+    scalings = [SCALINGS[name] for name in names]
+    lengths = [5, 14, 23, 31]
+    chunk = [4, 1, 3, 2]  # a chunked prefill's real tokens per row, padded to the widest
+    generator = torch.Generator().manual_seed(2)
+    rows = [torch.randint(0, 258, (1, length + max(chunk) + 3), generator=generator) for length in lengths]
+    caches = []
+    for row, length, scaling in zip(rows, lengths, scalings, strict=True):
+        cache = model.new_cache(1, capacity=length)
+        cached_forward(model, row[:, :length], scaling, cache)
+        caches.append(cache)
+    cache = type(caches[0]).concat(caches)
+    padded = torch.cat(
+        [torch.cat([row[:, n : n + c], row[:, n + c - 1 :][:, :1].expand(1, max(chunk) - c)], 1)
+         for row, n, c in zip(rows, lengths, chunk, strict=True)]
+    )
+    after_chunk = [length + count for length, count in zip(lengths, chunk, strict=True)]
+    for row in stale_rows(model, cache, scalings, after_chunk):
+        recompute_row(model, cache, row, scalings[row], after_chunk[row])
+    logits = model(padded, scaling=scalings, cache=cache, counts=chunk, table_lengths=after_chunk)[:, -1]
+    for step in range(3):
+        for index, (row, length, scaling) in enumerate(zip(rows, lengths, scalings, strict=True)):
+            seen = length + chunk[index] + step
+            alone = last_logits_of_full_forward(model, row[:, :seen], scaling)[0]
+            assert (logits[index] - alone).abs().max().item() <= TOLERANCE, (names[index], step)
+        following = torch.cat(
+            [row[:, n + c + step :][:, :1] for row, n, c in zip(rows, lengths, chunk, strict=True)]
+        )
+        logits = cached_forward(model, following, scalings, cache)[:, -1]
 
 
 @torch.inference_mode()
