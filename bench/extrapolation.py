@@ -84,6 +84,10 @@ SETTINGS = (
     *(Setting("rope", scaling) for scaling in ROPE_SCALINGS),
     Setting("sinusoidal", "linear"),
     Setting("learned", "linear"),
+    # Transformer-XL's one scaling interpolates its relative distances; RoPE + ALiBi's RoPE half
+    # takes RoPE's scalings, of which dynamic NTK is the one that needs no tuning.
+    Setting("transformer_xl", "linear"),
+    Setting("rope_alibi", "dynamic"),
     # beta_fast counts rotations over the trained context: 32 of them in 256 bytes leaves only
     # wavelengths under 8 unscaled, where a 4k-token model keeps everything under 128.
     Setting("rope", "yarn", overrides=(("beta_fast", 8.0),)),

@@ -73,7 +73,8 @@ _Partition = tuple[str, bool]  # (device label, length-dependent)
 
 class PECache:
     """Thread-safe, per-device LRU cache of RoPE cos/sin tables, ALiBi slopes, sinusoidal tables,
-    T5 buckets, Shaw's clipped-distance indices and Transformer-XL's relative sinusoids. Entries larger than the whole budget are handed out but not kept."""
+    T5 buckets, Shaw's clipped-distance indices and Transformer-XL's relative sinusoids. Entries
+    larger than the whole budget are handed out but not kept."""
 
     def __init__(
         self,

@@ -16,7 +16,9 @@ from pe_runtime.errors import PEConfigError
 def shaw_relative_index(relative_position: torch.Tensor, *, max_distance: int) -> torch.Tensor:
     """Table row (long, same shape) for each relative position `j - i`: `-clip(j - i, -k, 0)`."""
     if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 1:
-        raise PEConfigError(f"max_distance must be a positive integer, got {max_distance!r}", field="max_distance")
+        raise PEConfigError(
+            f"max_distance must be a positive integer, got {max_distance!r}", field="max_distance"
+        )
     return (-relative_position.to(torch.long)).clamp(min=0, max=max_distance)
 
 

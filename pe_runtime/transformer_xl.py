@@ -17,7 +17,12 @@ from pe_runtime.errors import PEConfigError
 
 
 def relative_sinusoid(
-    length: int, dim: int, *, factor: float = 1.0, base: float = 10000.0, device: torch.device | str | None = None
+    length: int,
+    dim: int,
+    *,
+    factor: float = 1.0,
+    base: float = 10000.0,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """R for the distances `length - 1, ..., 1, 0` (descending, as the shift needs), float32 [length, dim].
 
@@ -28,7 +33,9 @@ def relative_sinusoid(
         raise PEConfigError(f"dim must be a positive even integer, got {dim!r}", field="dim")
     if not math.isfinite(factor) or factor < 1.0:
         raise PEConfigError(f"factor must be a finite number >= 1, got {factor!r}", field="factor")
-    inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32, device=device) * (-math.log(base) / dim))
+    inv_freq = torch.exp(
+        torch.arange(0, dim, 2, dtype=torch.float32, device=device) * (-math.log(base) / dim)
+    )
     distances = torch.arange(length - 1, -1, -1, dtype=torch.float32, device=device) / factor
     angles = torch.outer(distances, inv_freq)
     return torch.cat([angles.sin(), angles.cos()], dim=-1)

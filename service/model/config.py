@@ -11,7 +11,16 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, cast, get_args
 
 Scheme = Literal[
-    "learned", "sinusoidal", "rope", "alibi", "t5_bias", "nope", "shaw", "transformer_xl", "cope", "rope_alibi"
+    "learned",
+    "sinusoidal",
+    "rope",
+    "alibi",
+    "t5_bias",
+    "nope",
+    "shaw",
+    "transformer_xl",
+    "cope",
+    "rope_alibi",
 ]
 RopeLayout = Literal["neox", "gptj"]
 SCHEMES: tuple[Scheme, ...] = get_args(Scheme)

@@ -86,7 +86,9 @@ def relative_inputs(
         factors = list(dict.fromkeys(linear_factors))
         xl_sinusoids = torch.stack(
             [
-                cache.xl_relative(key_length, config.d_model, device=device, dtype=torch.float32, factor=factor)
+                cache.xl_relative(
+                    key_length, config.d_model, device=device, dtype=torch.float32, factor=factor
+                )
                 for factor in factors
             ]
         )
@@ -108,7 +110,8 @@ class RelativeAttention(nn.Module):
             raise ValueError(f"the {self.config.pe!r} scheme needs relative positional inputs")
         dtype = queries.dtype
         groups = self.config.n_heads // self.config.n_kv_heads
-        queries = queries.float()
+        # Scaled once here rather than each [Tq, Tk] term after: every term is linear in q.
+        queries = queries.float() * self.scale
         keys, values = keys.float(), values.float()
         if groups > 1:
             keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
@@ -134,8 +137,8 @@ class RelativeAttention(nn.Module):
     def scores(
         self, queries: Tensor, keys: Tensor, block: Block, inputs: RelativeInputs, prepared: Tensor | None
     ) -> Tensor:
-        """Logits [B, H, Tq', Tk'] before the mask; plain scaled dot products by default."""
-        scores: Tensor = queries @ keys.transpose(-1, -2) * self.scale
+        """Logits [B, H, Tq', Tk'] before the mask from queries already scaled by 1/sqrt(d)."""
+        scores: Tensor = queries @ keys.transpose(-1, -2)
         return scores
 
     def value_term(self, probabilities: Tensor, block: Block, inputs: RelativeInputs) -> Tensor | float:
@@ -156,10 +159,9 @@ class ShawAttention(RelativeAttention):
         self, queries: Tensor, keys: Tensor, block: Block, inputs: RelativeInputs, prepared: Tensor | None
     ) -> Tensor:
         index = self._index(block, inputs)
-        scores: Tensor = (queries @ keys.transpose(-1, -2) + shaw_key_logits(queries, self.key_table, index)) * (
-            self.scale
+        return super().scores(queries, keys, block, inputs, prepared) + shaw_key_logits(
+            queries, self.key_table, index
         )
-        return scores
 
     def value_term(self, probabilities: Tensor, block: Block, inputs: RelativeInputs) -> Tensor:
         return shaw_value_term(probabilities, self.value_table, self._index(block, inputs))
@@ -182,14 +184,14 @@ class TransformerXLAttention(RelativeAttention):
         """W_R R for every distance of every table: [U, H, Tk, hd], once per layer and forward."""
         assert inputs.xl_sinusoids is not None
         tables, length, _ = inputs.xl_sinusoids.shape
-        projected = self.r_proj(inputs.xl_sinusoids.to(self.r_proj.weight.dtype)).float()
+        projected: Tensor = self.r_proj(inputs.xl_sinusoids.to(self.r_proj.weight.dtype)).float()
         return projected.view(tables, length, self.config.n_heads, -1).transpose(1, 2)
 
     def scores(
         self, queries: Tensor, keys: Tensor, block: Block, inputs: RelativeInputs, prepared: Tensor | None
     ) -> Tensor:
         assert prepared is not None and inputs.xl_table_of_row is not None
-        content = (queries + self.u.float()[:, None]) @ keys.transpose(-1, -2)
+        content = (queries + self.u.float()[:, None] * self.scale) @ keys.transpose(-1, -2)
         # Distances key_stop - 1 .. 0: the tail of the descending tables.
         distances = prepared[:, :, inputs.key_length - block.key_stop :]  # [U, H, Tk', hd]
         if distances.shape[0] > 1 or bool(inputs.lags.any()):
@@ -197,8 +199,10 @@ class TransformerXLAttention(RelativeAttention):
             columns = torch.arange(block.key_stop, device=distances.device)
             index = (columns[None, :] + inputs.lags[:, None]).clamp(max=block.key_stop - 1)  # [R, Tk']
             distances = distances[inputs.xl_table_of_row[:, None], :, index].permute(0, 2, 1, 3)
-        position = relative_shift((queries + self.v.float()[:, None]) @ distances.transpose(-1, -2))
-        scores: Tensor = (content + position) * self.scale
+        position = relative_shift(
+            (queries + self.v.float()[:, None] * self.scale) @ distances.transpose(-1, -2)
+        )
+        scores: Tensor = content + position
         return scores
 
 
@@ -215,7 +219,8 @@ class CoPEAttention(RelativeAttention):
         logits = super().scores(queries, keys, block, inputs, prepared)
         gates = torch.sigmoid(logits) * block.visible
         positions = cope_positions(gates, npos_max=self.config.cope_npos_max)
-        scores: Tensor = logits + cope_logits(queries, self.position_table.float(), positions)
+        # q . e is added unscaled: the queries' 1/sqrt(d) is undone on the table's side.
+        scores: Tensor = logits + cope_logits(queries, self.position_table.float() / self.scale, positions)
         return scores
 
 

@@ -127,12 +127,14 @@ def test_new_schemes_decode_mixed_length_batches_like_each_row_alone(
         caches.append(cache)
     cache = type(caches[0]).concat(caches)
     padded = torch.cat(
-        [torch.cat([row[:, n : n + c], row[:, n + c - 1 :][:, :1].expand(1, max(chunk) - c)], 1)
-         for row, n, c in zip(rows, lengths, chunk, strict=True)]
+        [
+            torch.cat([row[:, n : n + c], row[:, n + c - 1 :][:, :1].expand(1, max(chunk) - c)], 1)
+            for row, n, c in zip(rows, lengths, chunk, strict=True)
+        ]
     )
     after_chunk = [length + count for length, count in zip(lengths, chunk, strict=True)]
-    for row in stale_rows(model, cache, scalings, after_chunk):
-        recompute_row(model, cache, row, scalings[row], after_chunk[row])
+    for stale in stale_rows(model, cache, scalings, after_chunk):
+        recompute_row(model, cache, stale, scalings[stale], after_chunk[stale])
     logits = model(padded, scaling=scalings, cache=cache, counts=chunk, table_lengths=after_chunk)[:, -1]
     for step in range(3):
         for index, (row, length, scaling) in enumerate(zip(rows, lengths, scalings, strict=True)):
@@ -170,3 +172,25 @@ def test_the_same_code_runs_on_cuda(dtype: torch.dtype) -> None:
     logits = cached_forward(cuda, tokens[:, -1:].cuda(), scaling, cache)[:, -1].float().cpu()
     tolerance = TOLERANCE if dtype == torch.float32 else 0.1
     assert (logits - expected).abs().max().item() <= tolerance
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    "overrides", [{"pe": "rope_alibi"}, *RELATIVE.values()], ids=["rope_alibi", *RELATIVE]
+)
+@torch.inference_mode()
+def test_the_new_schemes_run_on_cuda_as_on_cpu(overrides: dict[str, Any]) -> None:
+    """float32 on CUDA, incremental over rows of different lengths, equals CPU's full pass."""
+    cpu = tiny_model(**overrides)
+    cuda = tiny_model(**overrides).to(device="cuda")
+    tokens = torch.randint(0, 258, (2, TOTAL), generator=torch.Generator().manual_seed(4))
+    rows = [tokens[:1], tokens[1:, 9:]]  # 40 and 31 tokens: rows of different lengths
+    caches = []
+    for row in rows:
+        caches.append(cuda.new_cache(1, capacity=TOTAL))
+        cached_forward(cuda, row[:, :-1].cuda(), None, caches[-1])
+    batch = type(caches[0]).concat(caches)
+    logits = cached_forward(cuda, tokens[:, -1:].cuda(), None, batch)[:, -1].cpu()
+    for index, row in enumerate(rows):
+        assert (logits[index] - cpu(row)[0, -1]).abs().max().item() <= TOLERANCE

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from pe_runtime import RopeScaling, alibi_slopes
+from service.model.relative_attention import RelativeAttention
 from service.model.transformer import Attention, Transformer
 from tests.conftest import tiny_transformer
 
@@ -31,9 +32,17 @@ SETTINGS: dict[str, dict[str, Any]] = {
 
 def model_attention(model: Transformer, x: Tensor, scaling: RopeScaling) -> Tensor:
     """The first layer's attention output [B, T, d_model] for hidden states `x`, no cache."""
-    positions = model.positions(x.shape[1], [0] * x.shape[0], [scaling] * x.shape[0], device=x.device, dtype=x.dtype)
-    output: Tensor = model.layers[0].attn(x, positions, None, 0)
+    positions = model.positions(
+        x.shape[1], [0] * x.shape[0], [scaling] * x.shape[0], device=x.device, dtype=x.dtype
+    )
+    output: Tensor = first_attention(model)(x, positions, None, 0)
     return output
+
+
+def first_attention(model: Transformer) -> Attention:
+    attn = model.layers[0].attn
+    assert isinstance(attn, Attention)
+    return attn
 
 
 def projections(attn: Attention, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -42,9 +51,14 @@ def projections(attn: Attention, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     batch, length, _ = x.shape
 
     def split(linear: torch.nn.Linear, heads: int) -> Tensor:
-        return linear(x).double().view(batch, length, heads, config.head_dim)
+        projected: Tensor = linear(x).double()
+        return projected.view(batch, length, heads, config.head_dim)
 
-    return split(attn.q_proj, config.n_heads), split(attn.k_proj, config.n_kv_heads), split(attn.v_proj, config.n_kv_heads)
+    return (
+        split(attn.q_proj, config.n_heads),
+        split(attn.k_proj, config.n_kv_heads),
+        split(attn.v_proj, config.n_kv_heads),
+    )
 
 
 def softmax(logits: list[float]) -> list[float]:
@@ -54,7 +68,7 @@ def softmax(logits: list[float]) -> list[float]:
 
 
 def naive_attention(attn: Attention, x: Tensor, logit: Any, value_extra: Any = None) -> Tensor:
-    """sum_j softmax_j(logit(b, h, i, j, q_i, k_j)) (v_j + value_extra(i, j)) for j <= i, one pair at a time."""
+    """sum_j softmax_j(logit(b, h, i, j, q_i, k_j)) (v_j + value_extra(i, j)) over j <= i, pair by pair."""
     config = attn.config
     queries, keys, values = projections(attn, x)
     batch, length, heads, head_dim = queries.shape
@@ -81,7 +95,7 @@ def shaw_reference(attn: Any, x: Tensor) -> Tensor:
     scale = math.sqrt(attn.config.head_dim)
 
     def row(i: int, j: int) -> int:
-        return -max(-k, min(k, j - i))  # clip(j - i, -k, k), causal: distances -k .. 0
+        return int(-max(-k, min(k, j - i)))  # clip(j - i, -k, k), causal: distances -k .. 0
 
     def logit(b: int, h: int, i: int, j: int, q: Tensor, key: Tensor) -> float:
         return float(q @ (key + a_key[row(i, j)])) / scale
@@ -167,7 +181,7 @@ def test_attention_equals_the_naive_loop_from_the_equations(scheme: str) -> None
     model = tiny_transformer(pe=scheme, n_heads=4, n_kv_heads=2, **SETTINGS[scheme])
     _randomise_relative_parameters(model)
     x = torch.randn(BATCH, LENGTH, model.config.d_model, generator=torch.Generator().manual_seed(5))
-    expected = REFERENCES[scheme](model.layers[0].attn, x)
+    expected = REFERENCES[scheme](first_attention(model), x)
     actual = model_attention(model, x, RopeScaling())
     assert (actual - expected).abs().max().item() <= TOLERANCE
 
@@ -177,7 +191,7 @@ def test_transformer_xl_linear_scaling_interpolates_relative_positions() -> None
     model = tiny_transformer(pe="transformer_xl")
     _randomise_relative_parameters(model)
     x = torch.randn(BATCH, LENGTH, model.config.d_model, generator=torch.Generator().manual_seed(6))
-    expected = transformer_xl_reference(model.layers[0].attn, x, factor=2.5)
+    expected = transformer_xl_reference(first_attention(model), x, factor=2.5)
     actual = model_attention(model, x, RopeScaling(type="linear", factor=2.5))
     assert (actual - expected).abs().max().item() <= TOLERANCE
 
@@ -186,7 +200,7 @@ def _randomise_relative_parameters(model: Transformer) -> None:
     """XL's u and v start at zero and the tables near it: make every term weigh in the comparison."""
     generator = torch.Generator().manual_seed(7)
     with torch.no_grad():
-        for layer in model.layers:
-            if layer.attn.relative is not None:
-                for parameter in layer.attn.relative.parameters():
+        for module in model.modules():
+            if isinstance(module, RelativeAttention):
+                for parameter in module.parameters():
                     parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)

@@ -13,11 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
+from service.model.config import Scheme
 from service.model.positional import SUPPORTED_SCALINGS
 from tests.service.api.conftest import NATIVE_CONTEXT, SCHEME_ORDER, model_name
 from tests.service.api.helpers import metric_sum
 
-NEW_SCHEMES = ("shaw", "transformer_xl", "cope", "rope_alibi")
+NEW_SCHEMES: tuple[Scheme, ...] = ("shaw", "transformer_xl", "cope", "rope_alibi")
 CASES: list[tuple[str, dict[str, Any] | None]] = [
     *((scheme, None) for scheme in NEW_SCHEMES),
     ("transformer_xl", {"type": "linear", "factor": 2.0}),
@@ -27,7 +28,13 @@ PROMPT = list(b"def f(x):\n    return x * 2\n" * 3)[: NATIVE_CONTEXT - 4]  # gen
 
 
 def generate(client: httpx.Client, tokens: list[int], scheme: str, scaling: dict[str, Any] | None) -> Any:
-    body: dict[str, Any] = {"tokens": tokens, "pe": scheme, "max_new_tokens": 12, "temperature": 0, "logprobs": True}
+    body: dict[str, Any] = {
+        "tokens": tokens,
+        "pe": scheme,
+        "max_new_tokens": 12,
+        "temperature": 0,
+        "logprobs": True,
+    }
     if scaling is not None:
         body["pe_scaling"] = scaling
     response = client.post("/generate", json=body)
@@ -35,7 +42,9 @@ def generate(client: httpx.Client, tokens: list[int], scheme: str, scaling: dict
     return response.json()
 
 
-@pytest.mark.parametrize(("scheme", "scaling"), CASES, ids=[f"{s}-{(c or {}).get('type', 'none')}" for s, c in CASES])
+@pytest.mark.parametrize(
+    ("scheme", "scaling"), CASES, ids=[f"{s}-{(c or {}).get('type', 'none')}" for s, c in CASES]
+)
 def test_generated_logprobs_match_a_full_score_past_the_native_context(
     client: httpx.Client, scheme: str, scaling: dict[str, Any] | None
 ) -> None:
@@ -50,7 +59,9 @@ def test_generated_logprobs_match_a_full_score_past_the_native_context(
 
 
 @pytest.mark.parametrize("scheme", NEW_SCHEMES)
-def test_concurrent_prompts_of_different_lengths_decode_as_they_do_alone(client: httpx.Client, scheme: str) -> None:
+def test_concurrent_prompts_of_different_lengths_decode_as_they_do_alone(
+    client: httpx.Client, scheme: str
+) -> None:
     prompts = [PROMPT[:length] for length in (3, 17, 40, len(PROMPT))]
     alone = [generate(client, prompt, scheme, None)["tokens"] for prompt in prompts]
     with ThreadPoolExecutor(len(prompts)) as pool:
@@ -67,7 +78,9 @@ def test_models_report_each_new_scheme_and_its_scalings(client: httpx.Client) ->
 
 
 @pytest.mark.parametrize(("scheme", "kind"), [("shaw", "shaw_index"), ("transformer_xl", "xl_relative")])
-def test_the_relative_tables_are_cached_under_their_own_kinds(client: httpx.Client, scheme: str, kind: str) -> None:
+def test_the_relative_tables_are_cached_under_their_own_kinds(
+    client: httpx.Client, scheme: str, kind: str
+) -> None:
     generate(client, PROMPT, scheme, None)
     hits = metric_sum(client, "pe_cache_hits_total", f'kind="{kind}"')
     generate(client, PROMPT, scheme, None)
