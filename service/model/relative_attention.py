@@ -52,6 +52,7 @@ class RelativeInputs:
     xl_sinusoids: Tensor | None  # float32 [U, key_length, d_model], distances key_length - 1 .. 0
     xl_table_of_row: Tensor | None  # long [R], which of the U sinusoid tables (linear factors) a row reads
     lags: Tensor  # long [R]
+    aligned: bool  # every lag is zero (no realignment needed)
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,8 @@ class Block:
     start: int
     stop: int
     key_stop: int
-    query_positions: Tensor  # [R, stop - start]
     visible: Tensor  # bool [R, 1, stop - start, key_stop]
-    relative: Tensor  # long [R, 1, stop - start, key_stop]: k - q
+    shaw_index: Tensor | None  # long, the same shape: each pair's row of Shaw's tables
 
 
 def relative_inputs(
@@ -78,7 +78,8 @@ def relative_inputs(
     if config.pe not in RELATIVE_SCHEMES:
         return None
     device = query_positions.device
-    lags = torch.tensor([max(pasts) - past for past in pasts], device=device)
+    lag_values = [max(pasts) - past for past in pasts]
+    lags = torch.tensor(lag_values, device=device)
     shaw_index = xl_sinusoids = xl_table_of_row = None
     if config.pe == "shaw":
         shaw_index = cache.shaw_index(key_length, max_distance=config.shaw_max_distance, device=device)
@@ -93,7 +94,9 @@ def relative_inputs(
             ]
         )
         xl_table_of_row = torch.tensor([factors.index(factor) for factor in linear_factors], device=device)
-    return RelativeInputs(query_positions, key_length, shaw_index, xl_sinusoids, xl_table_of_row, lags)
+    return RelativeInputs(
+        query_positions, key_length, shaw_index, xl_sinusoids, xl_table_of_row, lags, not any(lag_values)
+    )
 
 
 class RelativeAttention(nn.Module):
@@ -158,17 +161,14 @@ class ShawAttention(RelativeAttention):
     def scores(
         self, queries: Tensor, keys: Tensor, block: Block, inputs: RelativeInputs, prepared: Tensor | None
     ) -> Tensor:
-        index = self._index(block, inputs)
+        assert block.shaw_index is not None
         return super().scores(queries, keys, block, inputs, prepared) + shaw_key_logits(
-            queries, self.key_table, index
+            queries, self.key_table, block.shaw_index
         )
 
     def value_term(self, probabilities: Tensor, block: Block, inputs: RelativeInputs) -> Tensor:
-        return shaw_value_term(probabilities, self.value_table, self._index(block, inputs))
-
-    def _index(self, block: Block, inputs: RelativeInputs) -> Tensor:
-        assert inputs.shaw_index is not None
-        return inputs.shaw_index[block.relative + inputs.key_length - 1]
+        assert block.shaw_index is not None
+        return shaw_value_term(probabilities, self.value_table, block.shaw_index)
 
 
 class TransformerXLAttention(RelativeAttention):
@@ -194,7 +194,7 @@ class TransformerXLAttention(RelativeAttention):
         content = (queries + self.u.float()[:, None] * self.scale) @ keys.transpose(-1, -2)
         # Distances key_stop - 1 .. 0: the tail of the descending tables.
         distances = prepared[:, :, inputs.key_length - block.key_stop :]  # [U, H, Tk', hd]
-        if distances.shape[0] > 1 or bool(inputs.lags.any()):
+        if distances.shape[0] > 1 or not inputs.aligned:
             # Row r's queries sit lags[r] behind the furthest row's: its table starts lags[r] later.
             columns = torch.arange(block.key_stop, device=distances.device)
             index = (columns[None, :] + inputs.lags[:, None]).clamp(max=block.key_stop - 1)  # [R, Tk']
@@ -238,9 +238,10 @@ def relative_attention_layer(config: ModelConfig) -> RelativeAttention | None:
 
 
 def _block(inputs: RelativeInputs, start: int, stop: int, length: int) -> Block:
-    """The block's query positions, visibility and relative positions k - q."""
+    """The block's bounds, which keys each query sees, and Shaw's rows from relative positions k - q."""
     key_stop = inputs.key_length - length + stop
     query_positions = inputs.query_positions[:, start:stop]
     keys = torch.arange(key_stop, device=query_positions.device)
     relative = (keys[None, None, :] - query_positions[:, :, None])[:, None]  # [R, 1, Tq', Tk']
-    return Block(start, stop, key_stop, query_positions, relative <= 0, relative)
+    shaw_index = None if inputs.shaw_index is None else inputs.shaw_index[relative + inputs.key_length - 1]
+    return Block(start, stop, key_stop, relative <= 0, shaw_index)
