@@ -2,7 +2,8 @@
 
 `python -m bench.extrapolation` scores the same held-out stdlib text, cut into non-overlapping
 windows of 256..4096 bytes, with every zoo model: each scheme without scaling, RoPE with every
-scaling type, and the absolute schemes with position interpolation, all at factor = length / 256.
+scaling type, the absolute schemes with position interpolation, Transformer-XL with interpolated
+relative distances and RoPE + ALiBi with dynamic NTK, all at factor = length / 256.
 Windows go through `InferenceEngine.submit(ScoreRequest)`, the path behind `POST /score`, so a
 refusal here (learned positions past their table) is the refusal a client gets.
 
