@@ -2,7 +2,8 @@
 
 `python -m bench.extrapolation` scores the same held-out stdlib text, cut into non-overlapping
 windows of 256..4096 bytes, with every zoo model: each scheme without scaling, RoPE with every
-scaling type, and the absolute schemes with position interpolation, all at factor = length / 256.
+scaling type, the absolute schemes with position interpolation, Transformer-XL with interpolated
+relative distances and RoPE + ALiBi with dynamic NTK, all at factor = length / 256.
 Windows go through `InferenceEngine.submit(ScoreRequest)`, the path behind `POST /score`, so a
 refusal here (learned positions past their table) is the refusal a client gets.
 
@@ -84,6 +85,10 @@ SETTINGS = (
     *(Setting("rope", scaling) for scaling in ROPE_SCALINGS),
     Setting("sinusoidal", "linear"),
     Setting("learned", "linear"),
+    # Transformer-XL's one scaling interpolates its relative distances; RoPE + ALiBi's RoPE half
+    # takes RoPE's scalings, of which dynamic NTK is the one that needs no tuning.
+    Setting("transformer_xl", "linear"),
+    Setting("rope_alibi", "dynamic"),
     # beta_fast counts rotations over the trained context: 32 of them in 256 bytes leaves only
     # wavelengths under 8 unscaled, where a 4k-token model keeps everything under 128.
     Setting("rope", "yarn", overrides=(("beta_fast", 8.0),)),

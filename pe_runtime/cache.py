@@ -29,7 +29,9 @@ from pe_runtime.absolute import sinusoidal_table
 from pe_runtime.alibi import alibi_slopes
 from pe_runtime.rope import RopeLayout, rope_cos_sin, rope_inv_freq, rope_seq_len_key
 from pe_runtime.scaling import RopeScaling
+from pe_runtime.shaw import shaw_relative_index
 from pe_runtime.t5 import t5_relative_position_bucket
+from pe_runtime.transformer_xl import relative_sinusoid
 
 DEFAULT_BUDGET_BYTES_PER_DEVICE = 512 * 1024 * 1024
 DEFAULT_LENGTH_DEPENDENT_BUDGET_BYTES_PER_DEVICE = 64 * 1024 * 1024
@@ -70,8 +72,9 @@ _Partition = tuple[str, bool]  # (device label, length-dependent)
 
 
 class PECache:
-    """Thread-safe, per-device LRU cache of RoPE cos/sin tables, ALiBi slopes, sinusoidal tables and
-    T5 buckets. Entries larger than the whole budget are handed out but not kept."""
+    """Thread-safe, per-device LRU cache of RoPE cos/sin tables, ALiBi slopes, sinusoidal tables,
+    T5 buckets, Shaw's clipped-distance indices and Transformer-XL's relative sinusoids. Entries
+    larger than the whole budget are handed out but not kept."""
 
     def __init__(
         self,
@@ -185,6 +188,37 @@ class PECache:
         entry = self._fetch("t5_buckets", target, params, length, build)
         centre = entry.capacity - 1
         return entry.tensors[0][centre - (length - 1) : centre + length]
+
+    def shaw_index(self, length: int, *, max_distance: int, device: torch.device | str) -> torch.Tensor:
+        """Shaw table rows for relative positions -(length-1) .. length-1, long [2*length - 1].
+
+        The row of query q and key k is `index[k - q + length - 1]` (the layout of `t5_buckets`).
+        """
+        target = _canonical_device(device)
+
+        def build(capacity: int) -> _Entry:
+            relative = torch.arange(1 - capacity, capacity, device=target)
+            return _entry((shaw_relative_index(relative, max_distance=max_distance),), capacity)
+
+        entry = self._fetch("shaw_index", target, (max_distance,), length, build)
+        centre = entry.capacity - 1
+        return entry.tensors[0][centre - (length - 1) : centre + length]
+
+    def xl_relative(
+        self, length: int, dim: int, *, device: torch.device | str, dtype: torch.dtype, factor: float = 1.0
+    ) -> torch.Tensor:
+        """Transformer-XL's R for distances length-1 .. 0, [length, dim], read at distance / factor.
+
+        Stored descending, so a shorter length is the tail of a longer entry.
+        """
+        target = _canonical_device(device)
+
+        def build(capacity: int) -> _Entry:
+            table = relative_sinusoid(capacity, dim, factor=factor, device=target)
+            return _entry((table.to(dtype),), capacity)
+
+        entry = self._fetch("xl_relative", target, (dim, float(factor), dtype), length, build)
+        return entry.tensors[0][entry.capacity - length :]
 
     def stats(self) -> CacheStats:
         with self._lock:

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 from service.model.config import ModelConfig, Scheme
 
-ZOO_SCHEMES: tuple[Scheme, ...] = ("rope", "alibi", "sinusoidal", "learned", "t5_bias", "nope")
+# The bundled members. `transformer_xl` and `cope` run and are tested (tiny checkpoints) but have no
+# trained zoo checkpoint yet: they did not fit in the time their issue had (see docs/zoo.md).
+ZOO_SCHEMES: tuple[Scheme, ...] = ("rope", "alibi", "sinusoidal", "learned", "t5_bias", "nope", "rope_alibi")
 TRAINED_CONTEXT = 256
 D_MODEL = 192
 

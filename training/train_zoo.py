@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from service.model.config import SCHEMES
 from training.corpus import load_corpus
 from training.recipe import ZOO_SCHEMES
 from training.train import add_recipe_overrides, configure_torch, hyperparameters_from, train
@@ -19,7 +20,8 @@ from training.train import add_recipe_overrides, configure_torch, hyperparameter
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models-dir", type=Path, default=Path("models"))
-    parser.add_argument("--schemes", nargs="+", choices=ZOO_SCHEMES, default=list(ZOO_SCHEMES))
+    # Any scheme may be trained into the zoo's layout; the default is the bundled members.
+    parser.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(ZOO_SCHEMES))
     add_recipe_overrides(parser)
     args = parser.parse_args(argv)
     configure_torch(args.threads)

@@ -16,7 +16,18 @@ from service.settings import Settings
 ZOO_DIR = Path(__file__).resolve().parents[2] / "models"
 # Load order decides the default model and which model `pe` picks first; RoPE leads because it is
 # the scheme whose per-request scaling this service exists for.
-_ZOO_ORDER = ("rope", "alibi", "t5_bias", "nope", "sinusoidal", "learned")
+_ZOO_ORDER = (
+    "rope",
+    "alibi",
+    "t5_bias",
+    "nope",
+    "sinusoidal",
+    "learned",
+    "shaw",
+    "transformer_xl",
+    "cope",
+    "rope_alibi",
+)
 
 
 def bundled_zoo(zoo_dir: Path = ZOO_DIR) -> list[Path]:

@@ -87,7 +87,7 @@ class ModelSpec:
 
     def _attention_factor(self, scaling: RopeScaling, total_length: int) -> float:
         config = self.config
-        if config.pe != "rope":
+        if not config.has_rope:
             return 1.0
         try:
             return _rope_attention_factor(

@@ -13,7 +13,18 @@ from typing import Literal, Protocol
 
 from pe_runtime import RopeScaling
 
-Scheme = Literal["learned", "sinusoidal", "rope", "alibi", "t5_bias", "nope"]
+Scheme = Literal[
+    "learned",
+    "sinusoidal",
+    "rope",
+    "alibi",
+    "t5_bias",
+    "nope",
+    "shaw",
+    "transformer_xl",
+    "cope",
+    "rope_alibi",
+]
 FinishReason = Literal["length", "stop", "eos", "cancelled", "error"]
 
 

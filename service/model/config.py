@@ -8,11 +8,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 
-Scheme = Literal["learned", "sinusoidal", "rope", "alibi", "t5_bias", "nope"]
+Scheme = Literal[
+    "learned",
+    "sinusoidal",
+    "rope",
+    "alibi",
+    "t5_bias",
+    "nope",
+    "shaw",
+    "transformer_xl",
+    "cope",
+    "rope_alibi",
+]
 RopeLayout = Literal["neox", "gptj"]
-SCHEMES: tuple[Scheme, ...] = ("learned", "sinusoidal", "rope", "alibi", "t5_bias", "nope")
+SCHEMES: tuple[Scheme, ...] = get_args(Scheme)
+# Schemes that rotate queries and keys, and so take RoPE's tables, layout and scalings.
+ROPE_SCHEMES: frozenset[Scheme] = frozenset({"rope", "rope_alibi"})
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,8 @@ class ModelConfig:
     qkv_bias: bool = False
     sliding_window: int | None = None
     embedding_scale: float = 1.0
+    shaw_max_distance: int = 16  # Shaw et al.'s clipping distance k
+    cope_npos_max: int = 64  # CoPE's largest contextual position
 
     def __post_init__(self) -> None:
         # JSON gives lists; a tuple keeps the config immutable like the rest of it.
@@ -63,8 +78,14 @@ class ModelConfig:
             raise ValueError("d_model must be divisible by n_heads unless head_dim_override is set")
         if self.rope_layout not in ("neox", "gptj"):
             raise ValueError(f"unknown rope_layout {self.rope_layout!r}")
-        if self.pe == "rope" and (self.rotary_dim == 0 or self.rotary_dim % 2):
+        if self.shaw_max_distance < 1 or self.cope_npos_max < 1:
+            raise ValueError("shaw_max_distance and cope_npos_max must be positive")
+        if self.has_rope and (self.rotary_dim == 0 or self.rotary_dim % 2):
             raise ValueError("rotary_fraction * head_dim must be a positive even number")
+
+    @property
+    def has_rope(self) -> bool:
+        return self.pe in ROPE_SCHEMES
 
     @property
     def head_dim(self) -> int:

@@ -31,7 +31,9 @@ from service.model.transformer import Transformer
 
 logger = logging.getLogger("service.model.fast_decode")
 
-FAST_SCHEMES: frozenset[Scheme] = frozenset({"rope", "nope", "alibi", "t5_bias", "learned", "sinusoidal"})
+FAST_SCHEMES: frozenset[Scheme] = frozenset(
+    {"rope", "rope_alibi", "nope", "alibi", "t5_bias", "learned", "sinusoidal"}
+)
 MIN_WINDOW = 64
 DEFAULT_MAX_WINDOW = 512
 

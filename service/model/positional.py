@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from pe_runtime import PECache, PEConfigError, RopeScaling, RopeTables, alibi_bias, rope_seq_len_key
 from pe_runtime.absolute import interpolate_learned
 from service.model.config import ModelConfig, Scheme
+from service.model.relative_attention import RelativeInputs, relative_inputs
 
 # Scalings each scheme can honour. RoPE takes every type; absolute schemes can only stretch their
 # positions linearly (position interpolation); relative biases have no frequencies to rescale.
@@ -31,6 +32,10 @@ SUPPORTED_SCALINGS: dict[Scheme, tuple[str, ...]] = {
     "alibi": ("none",),
     "t5_bias": ("none",),
     "nope": ("none",),
+    "rope_alibi": ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope"),
+    "transformer_xl": ("none", "linear"),
+    "shaw": ("none",),
+    "cope": ("none",),
 }
 
 
@@ -61,6 +66,7 @@ class PositionalInputs:
     rope: tuple[Tensor, Tensor] | None  # cos, sin [B|1, 1, Tq, rotary_dim] for the new tokens
     attn_mask: Tensor | None  # additive [B|1, n_heads|1, Tq, Tk], -inf where a key is not visible
     causal: bool  # with no mask: causal attention (True) or every key visible (False)
+    relative: RelativeInputs | None = None  # Shaw, Transformer-XL, CoPE: read by their explicit attention
 
 
 class StepTables(NamedTuple):
@@ -161,6 +167,14 @@ class PositionalEncoding(nn.Module):
             rope=self._rope(rows, query_positions, key_length, dtype),
             attn_mask=mask,
             causal=mask is None and not sees_all,
+            relative=relative_inputs(
+                self.config,
+                self.cache,
+                query_positions,
+                [row.past for row in rows],
+                [_linear_factor(row.scaling) for row in rows],
+                key_length,
+            ),
         )
 
     def step_tables(
@@ -181,49 +195,14 @@ class PositionalEncoding(nn.Module):
         for scaling in set(scalings):
             self.check_scaling(scaling)
         pe = self.config.pe
-        if pe == "rope":
-            first_row: dict[tuple[RopeScaling, Hashable], int] = {}
-            keys = [(s, self.table_key(s, length)) for s, length in zip(scalings, table_lengths, strict=True)]
-            for row, key in enumerate(keys):
-                first_row.setdefault(key, row)
-            tables = [
-                self.cache.rope(
-                    self.config.rotary_dim,
-                    self.config.rope_base,
-                    key[0],
-                    window,
-                    device=device,
-                    dtype=dtype,
-                    layout=self.config.rope_layout,
-                    seq_len=table_lengths[row],
-                )
-                for key, row in first_row.items()
-            ]
-            order = list(first_row)
-            return StepTables(
-                table_index=torch.tensor([order.index(key) for key in keys], device=device),
-                rope_cos=torch.stack([table.cos for table in tables]),
-                rope_sin=torch.stack([table.sin for table in tables]),
-                absolute=None,
-                alibi_slopes=None,
-                t5_buckets=None,
-            )
-        if pe in ("learned", "sinusoidal"):
-            factors = [_linear_factor(scaling) for scaling in scalings]
-            order_factors = list(dict.fromkeys(factors))
-            # A learned table is checked against the furthest position; a sinusoidal one is built
-            # for the whole window, so the stack stays the same from step to step.
-            needed = max(table_lengths) if self.learned_table is not None else window
-            stacked = []
-            for factor in order_factors:
-                table = self._absolute_table(factor, needed, device)[:window]
-                stacked.append(F.pad(table, (0, 0, 0, window - table.shape[0])))
-            absolute = torch.stack(stacked).to(dtype)
-            index = torch.tensor([order_factors.index(factor) for factor in factors], device=device)
-            return StepTables(index, None, None, absolute, None, None)
+        index, cos, sin, absolute = None, None, None, None
+        if self.config.has_rope:
+            index, cos, sin = self._step_rope(scalings, table_lengths, window, device, dtype)
+        elif pe in ("learned", "sinusoidal"):
+            index, absolute = self._step_absolute(scalings, table_lengths, window, device, dtype)
         slopes = (
             self.cache.alibi_slopes(self.config.n_heads, device=device, dtype=torch.float32)
-            if pe == "alibi"
+            if pe in ("alibi", "rope_alibi")
             else None
         )
         buckets = (
@@ -237,7 +216,64 @@ class PositionalEncoding(nn.Module):
             if pe == "t5_bias"
             else None
         )
-        return StepTables(None, None, None, None, slopes, buckets)
+        return StepTables(index, cos, sin, absolute, slopes, buckets)
+
+    def _step_rope(
+        self,
+        scalings: Sequence[RopeScaling],
+        table_lengths: Sequence[int],
+        window: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Row-to-table index [B] and the stacked cos and sin [U, W, rotary_dim]."""
+        first_row: dict[tuple[RopeScaling, Hashable], int] = {}
+        keys = [(s, self.table_key(s, length)) for s, length in zip(scalings, table_lengths, strict=True)]
+        for row, key in enumerate(keys):
+            first_row.setdefault(key, row)
+        tables = [
+            self.cache.rope(
+                self.config.rotary_dim,
+                self.config.rope_base,
+                key[0],
+                window,
+                device=device,
+                dtype=dtype,
+                layout=self.config.rope_layout,
+                seq_len=table_lengths[row],
+            )
+            for key, row in first_row.items()
+        ]
+        order = list(first_row)
+        index = torch.tensor([order.index(key) for key in keys], device=device)
+        return (
+            index,
+            torch.stack([table.cos for table in tables]),
+            torch.stack([table.sin for table in tables]),
+        )
+
+    def _step_absolute(
+        self,
+        scalings: Sequence[RopeScaling],
+        table_lengths: Sequence[int],
+        window: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor]:
+        """Row-to-table index [B] and the stacked learned or sinusoidal tables [U, W, d_model].
+
+        A learned table is checked against the furthest position; a sinusoidal one is built for
+        the whole window, so the stack stays the same from step to step.
+        """
+        factors = [_linear_factor(scaling) for scaling in scalings]
+        order = list(dict.fromkeys(factors))
+        needed = max(table_lengths) if self.learned_table is not None else window
+        stacked = []
+        for factor in order:
+            table = self._absolute_table(factor, needed, device)[:window]
+            stacked.append(F.pad(table, (0, 0, 0, window - table.shape[0])))
+        index = torch.tensor([order.index(factor) for factor in factors], device=device)
+        return index, torch.stack(stacked).to(dtype)
 
     def table_key(self, scaling: RopeScaling, total_length: int) -> Hashable:
         """What a row's positional table depends on at `total_length` besides fixed parameters.
@@ -245,7 +281,7 @@ class PositionalEncoding(nn.Module):
         Only RoPE scalings that change with the length (dynamic, LongRoPE) make it vary; cached
         entries computed under another key are stale.
         """
-        return rope_seq_len_key(scaling, total_length) if self.config.pe == "rope" else None
+        return rope_seq_len_key(scaling, total_length) if self.config.has_rope else None
 
     def keeps_cached_keys(self, scaling: RopeScaling) -> bool:
         """Whether cached entries stay as computed when the table changes (dynamic NTK, "hf" mode).
@@ -259,7 +295,7 @@ class PositionalEncoding(nn.Module):
         self, rows: list[_Row], query_positions: Tensor, key_length: int, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor] | None:
         """cos/sin at the new positions, each row from the table for its own current length."""
-        if self.config.pe != "rope":
+        if not self.config.has_rope:
             return None
         row_keys = [(row.scaling, row.table_key) for row in rows]
         tables: dict[tuple[RopeScaling, Hashable], RopeTables] = {}
@@ -282,7 +318,7 @@ class PositionalEncoding(nn.Module):
     def _attention_bias(self, query_positions: Tensor, key_length: int, dtype: torch.dtype) -> Tensor | None:
         """ALiBi or T5 additive bias [R, n_heads, Tq, Tk]; None for the other schemes."""
         key_positions = torch.arange(key_length, device=query_positions.device)
-        if self.config.pe == "alibi":
+        if self.config.pe in ("alibi", "rope_alibi"):
             slopes = self.cache.alibi_slopes(
                 self.config.n_heads, device=query_positions.device, dtype=torch.float32
             )

@@ -19,6 +19,7 @@ from pe_runtime.rope import apply_rope
 from service.model.config import ModelConfig
 from service.model.kv_cache import KVCache, RowCache
 from service.model.positional import PositionalEncoding, PositionalInputs
+from service.model.relative_attention import relative_attention_layer
 
 ScalingArg = RopeScaling | Sequence[RopeScaling] | None
 
@@ -51,6 +52,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.d_model, config.n_kv_heads * head_dim, bias=config.qkv_bias)
         self.v_proj = nn.Linear(config.d_model, config.n_kv_heads * head_dim, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.n_heads * head_dim, config.d_model, bias=False)
+        self.relative = relative_attention_layer(config)  # explicit attention for Shaw, XL, CoPE
 
     def forward(
         self, x: Tensor, positions: PositionalInputs, cache: RowCache | None, layer_index: int
@@ -64,14 +66,17 @@ class Attention(nn.Module):
             keys = apply_rope(keys, *positions.rope, layout=self.config.rope_layout)
         if cache is not None:
             keys, values = cache.write(layer_index, keys, values)  # windows [B, Hkv, Tk, hd]
-        attended = F.scaled_dot_product_attention(
-            queries,
-            keys,
-            values,
-            attn_mask=positions.attn_mask,
-            is_causal=positions.causal,
-            enable_gqa=self.config.n_kv_heads != self.config.n_heads,
-        )  # [B, H, Tq, hd]
+        if self.relative is not None:
+            attended = self.relative(queries, keys, values, positions.relative)  # [B, H, Tq, hd]
+        else:
+            attended = F.scaled_dot_product_attention(
+                queries,
+                keys,
+                values,
+                attn_mask=positions.attn_mask,
+                is_causal=positions.causal,
+                enable_gqa=self.config.n_kv_heads != self.config.n_heads,
+            )  # [B, H, Tq, hd]
         output: Tensor = self.o_proj(attended.transpose(1, 2).reshape(batch, length, -1))
         return output
 

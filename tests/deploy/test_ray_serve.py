@@ -43,7 +43,8 @@ APP_NAME = "pe-serve"
 REPLICAS = 2
 CONCURRENT = 32
 SETTINGS: dict[str, OptionValue] = {"device": "cpu", "dtype": "float32", "max_context": 512}
-# RoPE requests take these in turn (then none); the other schemes run unscaled.
+# Requests to the schemes with RoPE take these in turn (then none); the other schemes run unscaled.
+ROPE_FAMILY = ("rope", "rope_alibi")
 SCALINGS: tuple[dict[str, Any] | None, ...] = (
     {"type": "linear", "factor": 4.0},
     {"type": "ntk", "factor": 4.0},
@@ -257,7 +258,7 @@ def ray_app(tiny_checkpoints: dict[str, Path], pytestconfig: pytest.Config) -> I
 
 
 def request_body(index: int) -> dict[str, Any]:
-    """Request `index` of a mixed workload: every scheme, and every RoPE scaling on RoPE."""
+    """Request `index` of a mixed workload: every scheme, and every RoPE scaling on the RoPE schemes."""
     scheme = SCHEMES[index % len(SCHEMES)]
     body: dict[str, Any] = {
         "prompt": f"def f{index}(x):\n    return",
@@ -266,8 +267,9 @@ def request_body(index: int) -> dict[str, Any]:
         "temperature": 0.8,
         "seed": 1000 + index,
     }
-    scaling = SCALINGS[(index // len(SCHEMES)) % len(SCALINGS)]
-    if scheme == "rope" and scaling is not None:
+    turn = sum(SCHEMES[earlier % len(SCHEMES)] in ROPE_FAMILY for earlier in range(index))
+    scaling = SCALINGS[turn % len(SCALINGS)]
+    if scheme in ROPE_FAMILY and scaling is not None:
         body["pe_scaling"] = scaling
     return body
 

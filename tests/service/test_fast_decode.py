@@ -39,6 +39,7 @@ SCHEME_CASES: list[tuple[str, dict[str, Any], list[RopeScaling]]] = [
     ("learned", {"pe": "learned", "native_context": 128}, [NONE, RopeScaling(type="linear", factor=2.0)]),
     ("sinusoidal", {"pe": "sinusoidal"}, [NONE, LINEAR]),
     ("alibi", {"pe": "alibi"}, [NONE]),
+    ("rope_alibi", {"pe": "rope_alibi"}, list(SCALINGS.values())),
     ("t5_bias", {"pe": "t5_bias", "t5_num_buckets": 8, "t5_max_distance": 20}, [NONE]),
     ("nope", {"pe": "nope"}, [NONE]),
 ]

@@ -13,7 +13,18 @@ from pydantic import BaseModel, ConfigDict
 
 from pe_client.scaling import PEScaling
 
-Scheme = Literal["learned", "sinusoidal", "rope", "alibi", "t5_bias", "nope"]
+Scheme = Literal[
+    "learned",
+    "sinusoidal",
+    "rope",
+    "alibi",
+    "t5_bias",
+    "nope",
+    "shaw",
+    "transformer_xl",
+    "cope",
+    "rope_alibi",
+]
 FinishReason = Literal["length", "stop", "eos"]
 
 
