@@ -45,7 +45,9 @@ class RunningSequence:
         self.sampler = Sampler(
             self.request.sampling, prompt=self.request.prompt_tokens, eos_ids=self.served.spec.config.eos_ids
         )
-        self.stream = TextStream(self.served.tokenizer.decode, self.request.sampling.stop)
+        self.stream = TextStream(
+            self.served.tokenizer.decode, self.request.sampling.stop, incremental=self.request.stream
+        )
 
     @property
     def prompt_remaining(self) -> int:

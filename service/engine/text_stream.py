@@ -47,13 +47,33 @@ class IncrementalDecoder:
 
 
 class TextStream:
-    def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...]) -> None:
+    """A generation's text as its tokens arrive.
+
+    With `incremental=False` (a request that neither streams nor has stop strings: nobody reads
+    its text before the end) tokens are only collected, and the text is decoded once, with the
+    last one; a batch of such requests then spends no time detokenizing between steps.
+    """
+
+    def __init__(
+        self, decode: Callable[[list[int]], str], stop: tuple[str, ...], *, incremental: bool = True
+    ) -> None:
         self._decoder = IncrementalDecoder(decode)
+        self._decode = decode
         self._stop = tuple(s for s in stop if s)
+        self._incremental = incremental or bool(self._stop)
+        self._tokens: list[int] = []
         self._released = 0
         self._floor = 0  # stops must end past this: text up to it came while stops were suppressed
-        self.text = ""
+        self._text = ""
+        self._decoded = 0  # tokens behind `_text` when it is decoded at once
         self.stopped = False
+
+    @property
+    def text(self) -> str:
+        """Everything generated so far (before a stop string, if one was hit)."""
+        if not self._incremental and self._decoded != len(self._tokens):
+            self._text, self._decoded = self._decode(self._tokens), len(self._tokens)
+        return self._text
 
     def push(self, token: int, *, final: bool = False, may_stop: bool = True) -> str:
         """Add a token; return the text that is now safe to release (everything if `final`).
@@ -62,6 +82,9 @@ class TextStream:
         `may_stop` is False (a request's min_tokens not reached yet): text that could start a
         stop string is still held back then, so a stop string completed later is still caught.
         """
+        if not self._incremental:
+            self._tokens.append(token)
+            return self.text if final else ""
         text = self._decoder.append(token)
         if not may_stop:
             self._floor = len(text)
@@ -73,7 +96,7 @@ class TextStream:
             safe = len(text)
         else:
             safe = self._safe_length(text)
-        self.text = text
+        self._text = text
         released, self._released = text[self._released : safe], max(self._released, safe)
         return released
 

@@ -234,3 +234,20 @@ def test_stop_strings_completed_before_min_tokens_do_not_stop_later_ones_do() ->
     assert not stream.stopped and "".join(pieces) == "xabc"  # "a" may begin a stop: held back
     stream.push(ord("b"))
     assert stream.stopped and stream.text == "xabc"
+
+
+def test_a_text_nobody_reads_before_the_end_is_decoded_once_and_equals_the_incremental_one() -> None:
+    text = "héllo wörld"  # multi-byte characters: the incremental decoder holds half characters back
+    tokens = list(text.encode())
+    incremental = TextStream(ByteTokenizer().decode, ())
+    at_once = TextStream(ByteTokenizer().decode, (), incremental=False)
+    released = [incremental.push(token, final=i == len(tokens) - 1) for i, token in enumerate(tokens)]
+    silent = [at_once.push(token) for token in tokens[:5]]
+    assert silent == [""] * 5 and at_once.text == "héll"  # read early (a cancelled request): all so far
+    for i, token in enumerate(tokens[5:], start=5):
+        last = at_once.push(token, final=i == len(tokens) - 1)
+    assert "".join(released) == incremental.text == at_once.text == last == text
+    with_stop = TextStream(ByteTokenizer().decode, ("wö",), incremental=False)
+    for token in tokens:
+        with_stop.push(token)
+    assert with_stop.stopped and with_stop.text == "héllo "  # stop strings keep it incremental
