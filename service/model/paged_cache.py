@@ -22,6 +22,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from service.model.config import ModelConfig
@@ -193,8 +194,11 @@ class PagedRows:
 
     def _gather(self, pages: Tensor) -> Tensor:
         size = self.pool.block_size
-        table = self.block_table[:, : math.ceil(self._window / size)]
-        batch, count = table.shape
+        count = math.ceil(self._window / size)
+        # A padded prefill chunk can reach past every row's blocks (a row near the end of its
+        # reservation padded to another row's width): the scratch block fills the window there.
+        table = F.pad(self.block_table, (0, max(0, count - self.block_table.shape[1])))[:, :count]
+        batch = table.shape[0]
         # index_select copies whole blocks; advanced indexing with a 2-d index is several times slower
         gathered = pages.index_select(1, table.flatten())  # [Hkv, B * count, size, hd]
         window = gathered.view(pages.shape[0], batch, count * size, -1).transpose(0, 1)  # [B, Hkv, W, hd]

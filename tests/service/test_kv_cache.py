@@ -60,3 +60,16 @@ def test_rows_of_different_lengths_decode_like_separate_caches() -> None:
         alone = model(step[row : row + 1], cache=cache)[0, -1]
         assert torch.allclose(together[row], alone, atol=1e-5)
     assert batched.lengths == [4, 10]
+
+
+def test_a_padded_chunk_reaching_past_every_rows_blocks_still_gets_its_whole_window() -> None:
+    """Row 0 is near the end of its one-block reservation, row 1 has a long chunk to read: the
+    window (10 cached + 12 new) is wider than any row's blocks, and the scratch block fills it."""
+    pool = PagedKVCache(CONFIG, 4, device=torch.device("cpu"), dtype=torch.float32)
+    rows = PagedRows(pool, [pool.allocate(12), pool.allocate(14)])
+    rows.rows[0].length = 10
+    rows.reserve(12)
+    new = torch.ones((2, CONFIG.n_kv_heads, 12, CONFIG.head_dim))
+    keys, values = rows.write(0, new, new)
+    assert keys.shape[2] == values.shape[2] == 22
+    assert torch.equal(keys[1, :, :12], new[1])  # row 1's own entries, in its own block
