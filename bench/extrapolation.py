@@ -80,7 +80,7 @@ class Setting:
         )
 
 
-SETTINGS = (
+_CANDIDATES = (
     *(Setting(scheme, "none") for scheme in ZOO_SCHEMES),
     *(Setting("rope", scaling) for scaling in ROPE_SCALINGS),
     Setting("sinusoidal", "linear"),
@@ -96,6 +96,8 @@ SETTINGS = (
     # seen in training; a larger factor moves them back inside.
     Setting("rope", "ntk", factor_multiplier=4.0),
 )
+# Only the zoo's bundled members can be scored.
+SETTINGS = tuple(setting for setting in _CANDIDATES if setting.scheme in ZOO_SCHEMES)
 
 
 @dataclass(frozen=True)
