@@ -12,19 +12,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from pe_runtime import RopeScaling
+from service.model.config import Scheme as Scheme  # the scheme names belong to the contract too
 
-Scheme = Literal[
-    "learned",
-    "sinusoidal",
-    "rope",
-    "alibi",
-    "t5_bias",
-    "nope",
-    "shaw",
-    "transformer_xl",
-    "cope",
-    "rope_alibi",
-]
 FinishReason = Literal["length", "stop", "eos", "cancelled", "error"]
 
 
