@@ -122,13 +122,7 @@ class FastDecoder:
         """Logits float32 [B, V] for one token per row; advances the rows once it succeeded."""
         lengths = rows.lengths
         window = self.window_for(lengths)
-        count = window // self.pool.block_size
-        blocks = rows.block_table[:, :count]
-        if blocks.shape[1] < count:
-            blocks = torch.nn.functional.pad(blocks, (0, count - blocks.shape[1]))  # the scratch block
-        # Strides are guarded, so the same layout whatever the table's width (a slice of one row
-        # counts as contiguous but keeps the table's stride).
-        blocks = blocks.reshape(-1).view(blocks.shape)
+        blocks = rows.window_blocks(window // self.pool.block_size)
         table_lengths = [length + 1 for length in lengths]
         logits = self._run(blocks, tokens, lengths, scalings, table_lengths, window)
         keys = [

@@ -192,13 +192,21 @@ class PagedRows:
         self.pool.values[layer][:, blocks, offsets] = values.transpose(0, 1)
         return self._gather(self.pool.keys[layer]), self._gather(self.pool.values[layer])
 
+    def window_blocks(self, count: int) -> Tensor:
+        """Each row's first `count` blocks `[B, count]`, contiguous, scratch-filled past its own.
+
+        A window can reach past every row's blocks (a padded prefill chunk of a row near the end
+        of its reservation, a decode window rounded up to its bucket): the scratch block fills it.
+        """
+        table = F.pad(self.block_table, (0, max(0, count - self.block_table.shape[1])))[:, :count]
+        # A fresh tensor of canonical strides: the compiled step guards on them, and a one-row
+        # slice counts as contiguous while keeping the wider table's stride.
+        return table.new_empty(table.shape).copy_(table)
+
     def _gather(self, pages: Tensor) -> Tensor:
         size = self.pool.block_size
-        count = math.ceil(self._window / size)
-        # A padded prefill chunk can reach past every row's blocks (a row near the end of its
-        # reservation padded to another row's width): the scratch block fills the window there.
-        table = F.pad(self.block_table, (0, max(0, count - self.block_table.shape[1])))[:, :count]
-        batch = table.shape[0]
+        table = self.window_blocks(math.ceil(self._window / size))
+        batch, count = table.shape
         # index_select copies whole blocks; advanced indexing with a 2-d index is several times slower
         gathered = pages.index_select(1, table.flatten())  # [Hkv, B * count, size, hd]
         window = gathered.view(pages.shape[0], batch, count * size, -1).transpose(0, 1)  # [B, Hkv, W, hd]
