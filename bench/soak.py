@@ -3,8 +3,8 @@
 Each client loops until the time is up, picking at random: a generation (JSON), a streamed
 generation read to the end, a stream it abandons after 1-3 events (a client disconnect), a
 `/score` (some near the context limit), a bad request that must get a 4xx, or a cheap GET
-(`/models`, `/healthz`, `/readyz`). Every RoPE request draws a scaling, dynamic NTK included, and
-runs past the native context often enough for the scalings to matter.
+(`/models`, `/healthz`, `/readyz`). Every request picks a zoo member and one of the scalings that
+its scheme supports (dynamic NTK included); a scaled request runs past the native context.
 
 The script prints, and writes to `bench/results/soak.md` with the command:
 
@@ -43,13 +43,14 @@ from typing import Any
 
 import httpx
 
+from service.model.positional import SUPPORTED_SCALINGS
 from tests.live_server import OptionValue, live_server
+from training.recipe import ZOO_SCHEMES
 
 RESULTS = Path(__file__).resolve().parent / "results" / "soak.md"
 MAX_CONTEXT = 2048
 NATIVE_CONTEXT = 256  # the bundled zoo's
 ROTARY_FREQUENCIES = 16  # the zoo's RoPE model: head_dim 32
-SCHEMES = ("rope", "alibi", "t5_bias", "nope", "sinusoidal", "learned")
 REQUEST_TIMEOUT_S = 300.0
 SAMPLE_EVERY_S = 5.0
 IDLE_WAIT_S = 15.0
@@ -59,7 +60,7 @@ _RSS = {
     "api": re.compile(r"^process_resident_memory_bytes (\S+)$", re.M),
     "engine": re.compile(r"^pe_engine_process_resident_memory_bytes (\S+)$", re.M),
 }
-_ROPE_SCALINGS: tuple[dict[str, Any], ...] = (
+_SCALINGS: tuple[dict[str, Any], ...] = (
     {"type": "none"},
     {"type": "linear", "factor": 8.0},
     {"type": "ntk", "factor": 8.0},
@@ -108,15 +109,12 @@ def _text(rng: random.Random, longest: int) -> str:
 
 
 def _inference_body(rng: random.Random, longest_prompt: int) -> dict[str, Any]:
-    scheme = rng.choice(SCHEMES)
-    body: dict[str, Any] = {"pe": scheme}
-    if scheme == "rope":
-        body["pe_scaling"] = rng.choice(_ROPE_SCALINGS)
-        body["prompt"] = _text(rng, longest_prompt)
-    else:
-        # Schemes without RoPE scaling stay within what they were trained for (learned: the table).
-        body["prompt"] = _text(rng, NATIVE_CONTEXT - 80)
-    return body
+    scheme = rng.choice(ZOO_SCHEMES)
+    scaling = rng.choice([s for s in _SCALINGS if s["type"] in SUPPORTED_SCALINGS[scheme]])
+    # A scaling is what lets a prompt run past the native context; without one a prompt stays
+    # within what the model was trained for (learned positions end with their table).
+    longest = longest_prompt if scaling["type"] != "none" else NATIVE_CONTEXT - 80
+    return {"pe": scheme, "pe_scaling": scaling, "prompt": _text(rng, longest)}
 
 
 def _generation(rng: random.Random, *, stream: bool) -> dict[str, Any]:
