@@ -39,7 +39,9 @@ class _EngineCollector:
             "pe_serve_generated_tokens", "Tokens generated since start.", value=stats.generated_tokens_total
         )
         yield GaugeMetricFamily(
-            "pe_serve_queue_depth", "Requests waiting for a batch slot.", stats.queue_depth
+            "pe_serve_queue_depth",
+            "Generations waiting to start (for a batch slot or KV-cache blocks).",
+            stats.queue_depth,
         )
         yield GaugeMetricFamily("pe_serve_batch_size", "Sequences in the running batch.", stats.running)
 

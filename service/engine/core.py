@@ -75,6 +75,7 @@ class StepOutput:
 
     events: list[tuple[int, Item]] = field(default_factory=list)
     running: int = 0
+    waiting: int = 0  # generations admitted by the frontend but not yet in a batch (slots or KV blocks)
     batch_size: int = 0
     generated_total: int = 0
 
@@ -278,6 +279,7 @@ class EngineCore:
     def _flush(self) -> StepOutput:
         output, self._output = self._output, StepOutput()
         output.running = sum(map(len, self._batches.values()))
+        output.waiting = sum(map(len, self._waiting.values()))
         output.batch_size = max((batch.decoding for batch in self._batches.values()), default=0)
         output.generated_total = self._generated_total
         return output

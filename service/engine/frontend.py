@@ -156,13 +156,16 @@ class EngineFrontend(ABC):
         deliver([(handle, error) for handle in handles.values()])
 
     def _queue_depth(self) -> int:
-        """Generations waiting for a batch slot: in flight beyond each model's batch size.
+        """Generations waiting to start: the larger of two counts.
 
-        Counted here rather than reported by the core, so that admission does not depend on how
-        recently the engine process last spoke. Scoring needs no batch slot and never queues here.
+        In flight beyond each model's batch size is counted here, so that admission does not wait
+        on the engine process to speak. Requests that have a slot but wait for KV-cache blocks only
+        the core sees; it reports them with every step, so that count is at most one report old.
+        Scoring needs no batch slot and never queues here.
         """
         per_model = Counter(self._generating.values())
-        return sum(max(0, count - self.max_batch_size) for count in per_model.values())
+        beyond_slots = sum(max(0, count - self.max_batch_size) for count in per_model.values())
+        return max(beyond_slots, self._core_stats.waiting)
 
     def _retry_after(self) -> float:
         """A rough wait: one second per batch-load of queued work, at least one."""

@@ -217,3 +217,26 @@ def test_requests_wait_for_blocks_when_the_pool_is_full(rope_dir: Path) -> None:
     waited = generate_all(rope_dir, tight, prompts, max_context=64)
     assert [r.tokens for r in waited] == [r.tokens for r in generate_all(rope_dir, DecodeSettings(), prompts)]
     assert max(r.timing.queue_ms for r in waited) > 0.0
+
+
+def test_requests_waiting_for_blocks_count_in_the_queue_depth(rope_dir: Path) -> None:
+    """Batch slots are free but the pool holds one request: the other two are queued, and say so
+    (the frontend alone counts only requests beyond the batch size)."""
+    engine = InferenceEngine(
+        load_models([rope_dir], max_context=64), max_batch_size=8, decode=DecodeSettings(kv_cache_bytes=1)
+    )
+    handles = [
+        engine.submit(
+            GenerationRequest(f"w{i}", "tiny-rope-fast", (256, 1, 2, 3), SamplingParams(max_new_tokens=56))
+        )
+        for i in range(3)
+    ]
+    engine.start()
+    try:
+        first = iter(handles[0])
+        next(first)  # a token of the first request: the step that produced it left two waiting
+        assert engine.stats().queue_depth == 2
+        assert all(isinstance(list(handle)[-1], GenerationResult) for handle in [first, *handles[1:]])
+        assert engine.stats().queue_depth == 0
+    finally:
+        engine.shutdown()
