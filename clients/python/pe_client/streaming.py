@@ -1,20 +1,17 @@
 """Server-sent event streams of `/generate`, as iterators that are also context managers.
 
-A stream opens its connection lazily (on `with` or on the first iteration), so sync and async
-code read the same way, and closes it when iteration ends, fails, or the `with` block is left
-early: the server sees the disconnect and cancels the generation.
+How a stream opens and closes is `pe_client._lazy_stream`'s; this module reads the events.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from types import TracebackType
-from typing import Self
 
 import httpx
 
 from pe_client._base import connection_error
+from pe_client._lazy_stream import AsyncLazyStream, LazyStream
 from pe_client.errors import APIConnectionError, APIStreamError
 from pe_client.types import ErrorBody, StreamEnd, StreamEvent, StreamToken
 
@@ -72,41 +69,14 @@ class _StreamState:
             raise APIConnectionError(request=request, message="The stream ended before [DONE].")
 
 
-class Stream(_StreamState):
+class Stream(_StreamState, LazyStream[httpx.Response]):
     """Token events then one `StreamEnd`; use as `with client.generate_stream(...) as stream:`."""
 
     def __init__(self, open_response: Callable[[], httpx.Response]) -> None:
-        super().__init__()
-        self._open_response = open_response
-        self._response: httpx.Response | None = None
-        self._events: Iterator[StreamEvent] | None = None
+        _StreamState.__init__(self)
+        LazyStream.__init__(self, open_response)
 
-    def _response_opened(self) -> httpx.Response:
-        if self._response is None:
-            self._response = self._open_response()
-        return self._response
-
-    def __enter__(self) -> Self:
-        self._response_opened()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def __iter__(self) -> Iterator[StreamEvent]:
-        return self
-
-    def __next__(self) -> StreamEvent:
-        # One generator for the stream's life: `next(iter(stream))` must not drop (and so close)
-        # a fresh generator each time, or reading one event would end the generation.
-        if self._events is None:
-            self._events = self._read_events()
-        return next(self._events)
-
-    def _read_events(self) -> Iterator[StreamEvent]:
-        response = self._response_opened()
+    def _events_from(self, response: httpx.Response) -> Iterator[StreamEvent]:
         try:
             for line in response.iter_lines():
                 event = self._accept(line, response.request)
@@ -117,48 +87,19 @@ class Stream(_StreamState):
             self._check_complete(response.request)
         except httpx.TransportError as exc:
             raise connection_error(exc, response.request) from exc
-        finally:
-            self.close()
 
-    def close(self) -> None:
-        """Drop the connection; safe to call more than once."""
-        if self._response is not None:
-            self._response.close()
+    def _release(self, response: httpx.Response) -> None:
+        response.close()
 
 
-class AsyncStream(_StreamState):
+class AsyncStream(_StreamState, AsyncLazyStream[httpx.Response]):
     """Async twin of `Stream`; use as `async with client.generate_stream(...) as stream:`."""
 
     def __init__(self, open_response: Callable[[], Awaitable[httpx.Response]]) -> None:
-        super().__init__()
-        self._open_response = open_response
-        self._response: httpx.Response | None = None
-        self._events: AsyncIterator[StreamEvent] | None = None
+        _StreamState.__init__(self)
+        AsyncLazyStream.__init__(self, open_response)
 
-    async def _response_opened(self) -> httpx.Response:
-        if self._response is None:
-            self._response = await self._open_response()
-        return self._response
-
-    async def __aenter__(self) -> Self:
-        await self._response_opened()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> StreamEvent:
-        if self._events is None:
-            self._events = self._read_events()
-        return await anext(self._events)
-
-    async def _read_events(self) -> AsyncIterator[StreamEvent]:
-        response = await self._response_opened()
+    async def _events_from(self, response: httpx.Response) -> AsyncIterator[StreamEvent]:
         try:
             async for line in response.aiter_lines():
                 event = self._accept(line, response.request)
@@ -169,10 +110,10 @@ class AsyncStream(_StreamState):
             self._check_complete(response.request)
         except httpx.TransportError as exc:
             raise connection_error(exc, response.request) from exc
-        finally:
-            await self.close()
+
+    async def _release(self, response: httpx.Response) -> None:
+        await response.aclose()
 
     async def close(self) -> None:
         """Drop the connection; safe to call more than once."""
-        if self._response is not None:
-            await self._response.aclose()
+        await self._let_go()

@@ -10,6 +10,7 @@ from typing import Any, Self, Unpack
 import grpc
 
 from pe_client._base import DEFAULT_MAX_RETRIES
+from pe_client._lazy_stream import AsyncLazyStream
 from pe_client.errors import APIError
 from pe_client.grpc import pe_serve_pb2 as pb
 from pe_client.grpc._base import (
@@ -41,51 +42,28 @@ from pe_client.types import (
 OpenCall = Callable[[], Awaitable[Any]]
 
 
-class AsyncGrpcStream(GrpcStreamState):
+class AsyncGrpcStream(GrpcStreamState, AsyncLazyStream[Any]):
     """Async twin of `GrpcStream`; `async with client.generate_stream(...) as stream:`."""
 
     def __init__(self, message: pb.GenerateRequest, open_call: OpenCall) -> None:
-        super().__init__(message)
-        self._open_call = open_call
-        self._call: Any = None
-        self._events: AsyncIterator[StreamEvent] | None = None
+        GrpcStreamState.__init__(self, message)
+        AsyncLazyStream.__init__(self, open_call)
 
-    async def _opened(self) -> Any:
-        if self._call is None:
-            self._call = await self._open_call()
-        return self._call
-
-    async def __aenter__(self) -> Self:
-        await self._opened()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> StreamEvent:
-        if self._events is None:
-            self._events = self._read_events()
-        return await anext(self._events)
-
-    async def _read_events(self) -> AsyncIterator[StreamEvent]:
-        call = await self._opened()
+    async def _events_from(self, call: Any) -> AsyncIterator[StreamEvent]:
         try:
             while (response := await call.read()) is not grpc.aio.EOF:
                 yield self._accept(response)
         except grpc.RpcError as exc:
             raise rpc_error(exc) from None
-        finally:
-            self.close()
+
+    async def _release(self, call: Any) -> None:
+        call.cancel()
 
     def close(self) -> None:
-        """Cancel the call if it is still running; safe to call more than once."""
-        if self._call is not None:
-            self._call.cancel()
+        """Cancel the call if it is still running; safe to call more than once (not a coroutine:
+        cancelling a gRPC call does not wait)."""
+        if self._transport is not None:
+            self._transport.cancel()
 
     cancel = close
 

@@ -10,6 +10,7 @@ from typing import Any, Self, Unpack
 import grpc
 
 from pe_client._base import DEFAULT_MAX_RETRIES
+from pe_client._lazy_stream import LazyStream
 from pe_client.errors import APIError
 from pe_client.grpc import pe_serve_pb2 as pb
 from pe_client.grpc._base import (
@@ -39,7 +40,7 @@ from pe_client.types import (
 )
 
 
-class GrpcStream(GrpcStreamState):
+class GrpcStream(GrpcStreamState, LazyStream[Any]):
     """Token events then one `StreamEnd`, like `Stream`; `with client.generate_stream(...) as stream:`.
 
     The call starts on `with` or on the first iteration (retried, like the HTTP stream, until its
@@ -48,49 +49,20 @@ class GrpcStream(GrpcStreamState):
     """
 
     def __init__(self, message: pb.GenerateRequest, open_call: Callable[[], Any]):
-        super().__init__(message)
-        self._open_call = open_call
-        self._call: Any = None
-        self._events: Iterator[StreamEvent] | None = None
+        GrpcStreamState.__init__(self, message)
+        LazyStream.__init__(self, open_call)
 
-    def _opened(self) -> Any:
-        if self._call is None:
-            self._call = self._open_call()
-        return self._call
-
-    def __enter__(self) -> Self:
-        self._opened()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def __iter__(self) -> Iterator[StreamEvent]:
-        return self
-
-    def __next__(self) -> StreamEvent:
-        if self._events is None:
-            self._events = self._read_events()
-        return next(self._events)
-
-    def _read_events(self) -> Iterator[StreamEvent]:
-        call = self._opened()
+    def _events_from(self, call: Any) -> Iterator[StreamEvent]:
         try:
             for response in call:
                 yield self._accept(response)
         except grpc.RpcError as exc:
             raise rpc_error(exc) from None
-        finally:
-            self.close()
 
-    def close(self) -> None:
-        """Cancel the call if it is still running; safe to call more than once."""
-        if self._call is not None:
-            self._call.cancel()
+    def _release(self, call: Any) -> None:
+        call.cancel()
 
-    cancel = close
+    cancel = LazyStream.close
 
 
 class GrpcPEClient(BaseGrpcClient):
