@@ -78,17 +78,18 @@ def test_quick_report_names_the_run_and_has_every_section(quick_report: tuple[st
 
 
 @pytest.mark.slow
-def test_serving_path_has_a_row_per_concurrency_with_three_throughputs_and_ratios(
+def test_serving_path_has_a_row_per_concurrency_with_four_throughputs_and_ratios(
     quick_report: tuple[str, list[str]],
 ) -> None:
     rows = table_rows(quick_report[0], "## 1. Serving-path cost")
     assert [int(row[0]) for row in rows] == list(QUICK.concurrency)
     for row in rows:
-        http, engine, generate, to_engine, to_generate = (float(cell) for cell in row[1:6])
-        assert min(http, engine, generate) > 0
+        http, engine, generate, to_engine, to_generate, httpx, httpx_to_engine = map(float, row[1:8])
+        assert min(http, engine, generate, httpx) > 0
         # The ratios are medians of per-repeat ratios; with one repeat they are the plain ratio.
         assert to_engine == pytest.approx(http / engine, abs=0.02)
         assert to_generate == pytest.approx(http / generate, abs=0.02)
+        assert httpx_to_engine == pytest.approx(httpx / engine, abs=0.02)
 
 
 @pytest.mark.slow
