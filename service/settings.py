@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.engine.budget import DEFAULT_STEP_TOKEN_BUDGET
+
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
@@ -45,7 +47,7 @@ class Settings(BaseSettings):
         description="process: the engine core in its own process (the server default); thread: in-process.",
     )
     step_token_budget: int = Field(
-        default=256,
+        default=DEFAULT_STEP_TOKEN_BUDGET,
         ge=16,
         description="Prompt and scoring tokens one engine step runs besides its decode rows.",
     )

@@ -12,6 +12,12 @@ from __future__ import annotations
 import math
 
 ATTENTION_SPAN = 1024
+# Tokens of prompt and scoring chunks one step may run besides its decode rows (`--step-token-budget`).
+# Small enough that a step over a zoo model stays within a few decode steps' time on two CPU cores
+# (the longest gap running streams see while a long prompt is read: at 256, a 4,000-token /score
+# stretched the gap to 5.4x the p99 gap without it, bench/results/serving.md), large enough that
+# prompts are still read in efficient matrix products.
+DEFAULT_STEP_TOKEN_BUDGET = 192
 
 
 def chunk_width(budget: int, rows: int, past: int) -> int:

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.engine.core import DEFAULT_STEP_TOKEN_BUDGET, DecodeSettings
+from service.engine.budget import DEFAULT_STEP_TOKEN_BUDGET
+from service.engine.core import DecodeSettings
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import torch
 
 from service.engine import pool_metrics
 from service.engine.batch import ModelBatch, StepOutcome
+from service.engine.budget import DEFAULT_STEP_TOKEN_BUDGET
 from service.engine.errors import EngineError, RequestCancelledError, RequestFailedError
 from service.engine.handle import Item
 from service.engine.models import ServedModel
@@ -37,10 +38,6 @@ from service.model.paged_cache import PagedKVCache
 
 logger = logging.getLogger("service.engine.core")
 
-# Tokens of prompt and scoring chunks one step may run besides its decode rows. Small enough that a
-# step over a zoo model stays within a few decode steps' time on two CPU cores (the inter-token gap
-# of running streams), large enough that prompts are read in efficient matrix products.
-DEFAULT_STEP_TOKEN_BUDGET = 256
 IDLE_BUDGET_FACTOR = 8
 # Each model's KV block pool. 128 MiB holds about 21,800 tokens of a zoo model (6 KiB per token),
 # e.g. 64 requests of 340 tokens; a pool is never smaller than one request of max_context.

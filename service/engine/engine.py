@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 
 from pe_runtime import PECache
+from service.engine.budget import DEFAULT_STEP_TOKEN_BUDGET
 from service.engine.catalog import ModelCatalog
 from service.engine.config import EngineConfig
-from service.engine.core import DEFAULT_DECODE, DEFAULT_STEP_TOKEN_BUDGET, DecodeSettings, EngineCore, Job
+from service.engine.core import DEFAULT_DECODE, DecodeSettings, EngineCore, Job
 from service.engine.errors import EngineDrainingError, ModelLoadError, RequestFailedError
 from service.engine.frontend import EngineFrontend
 from service.engine.models import ServedModel, load_served_model, resolve_device, resolve_dtype
