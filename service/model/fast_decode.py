@@ -48,10 +48,16 @@ def compiled_step() -> StepFunction:
     of turning the window into a symbol (symbolic windows made a lone row's step 3x slower); the
     batch dimension is marked dynamic explicitly. The entry limit covers every bucket of a few
     schemes and dtypes.
+
+    Inductor's `decompose_mm_pass` turns a lone row's matrix products (one row times a weight:
+    memory-bound) into multiply-and-sum loops it fuses with their neighbours; on CPU it applies
+    only where the batch is statically 1, so the batched entries keep their GEMM kernels. On two
+    cores it made a zoo model's single-row engine step 15-30% faster (3 alternating runs each).
     """
     torch._dynamo.config.automatic_dynamic_shapes = False
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
-    return torch.compile(decode_one_token, fullgraph=True)
+    options = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
+    return torch.compile(decode_one_token, fullgraph=True, options=options)
 
 
 class FastDecoder:
