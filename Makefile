@@ -44,9 +44,11 @@ bench: $(STAMP)
 
 # Long reliability runs, each writing its figures under bench/results/ (see docs/reliability.md).
 FUZZ_EXAMPLES ?= 100000
-FUZZ_MAX_TIME_S ?= 1800
+FUZZ_MIN_REQUESTS ?= 50000
+FUZZ_MAX_TIME_S ?= 5400
 fuzz: $(STAMP)
-	$(BIN)/python -m bench.fuzz --max-examples $(FUZZ_EXAMPLES) --max-time-s $(FUZZ_MAX_TIME_S)
+	$(BIN)/python -m bench.fuzz --max-examples $(FUZZ_EXAMPLES) --min-requests $(FUZZ_MIN_REQUESTS) \
+		--max-time-s $(FUZZ_MAX_TIME_S)
 
 SOAK_CLIENTS ?= 64
 SOAK_MINUTES ?= 10

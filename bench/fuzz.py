@@ -11,7 +11,8 @@ model's context, scalings a scheme supports), so that check would only report th
 The server's own `pe_serve_requests_total` is read before and after, so the figures count what
 the server answered, by status, not only what schemathesis thinks it sent.
 
-    python -m bench.fuzz [--max-examples N] [--max-time-s S] [--workers N] [--seed N] [--output PATH]
+    python -m bench.fuzz [--max-examples N] [--max-time-s S] [--min-requests N [--round-s S]]
+                         [--workers N] [--seed N] [--output PATH]
 
 starts a server on the bundled zoo, runs the fuzzer and writes `bench/results/fuzz.md`; it exits 1
 if any response was a 5xx or any check failed. `make test` runs a bounded pass against the test
@@ -55,6 +56,7 @@ class FuzzResult:
     failures: list[dict[str, Any]]
     errors: list[Any]
     statuses: Counter[tuple[str, int]]  # (endpoint, status) -> responses, from the server's metrics
+    rounds: int = 1
 
     @property
     def requests(self) -> int:
@@ -67,6 +69,18 @@ class FuzzResult:
     @property
     def clean(self) -> bool:
         return not self.failures and not self.errors and self.server_errors == 0
+
+    def then(self, later: FuzzResult) -> FuzzResult:
+        """This run followed by `later`, counted as one (the command shown is the first round's)."""
+        return FuzzResult(
+            command=self.command,
+            seconds=self.seconds + later.seconds,
+            test_cases=self.test_cases + later.test_cases,
+            failures=self.failures + later.failures,
+            errors=self.errors + later.errors,
+            statuses=self.statuses + later.statuses,
+            rounds=self.rounds + later.rounds,
+        )
 
 
 def answered(base_url: str) -> Counter[tuple[str, int]]:
@@ -142,16 +156,50 @@ def run_fuzz(
     )
 
 
+def fuzz_until(
+    base_url: str,
+    *,
+    min_requests: int,
+    max_time_s: float,
+    round_s: float,
+    max_examples: int,
+    workers: int,
+    seed: int | None,
+) -> FuzzResult:
+    """Rounds of at most `round_s` until the server has answered `min_requests` requests or
+    `max_time_s` is spent, so a long run stops at its count instead of at a guess of the time it
+    needs on a machine of unknown speed. Each round has its own seed (the next one up)."""
+    started = time.monotonic()
+    total: FuzzResult | None = None
+    while True:
+        left = max_time_s - (time.monotonic() - started)
+        result = run_fuzz(
+            base_url,
+            max_examples=max_examples,
+            workers=workers,
+            seed=None if seed is None or total is None else seed + total.rounds,
+            max_time_s=min(round_s, left),
+        )
+        total = result if total is None else total.then(result)
+        print(
+            f"round {total.rounds}: {total.requests} requests answered, {total.server_errors} 5xx", flush=True
+        )
+        if total.requests >= min_requests or left <= round_s:
+            return total
+
+
 def markdown(result: FuzzResult, invocation: str) -> str:
     rows = "\n".join(
         f"| `{endpoint}` | {status} | {count} |"
         for (endpoint, status), count in sorted(result.statuses.items())
     )
     failures = "\n".join(f"- {json.dumps(failure)}" for failure in result.failures) or "none"
+    rounds = "1 round" if result.rounds == 1 else f"{result.rounds} rounds"
+    first_round = " (the first round; later ones take the next seed up)" if result.rounds > 1 else ""
     return f"""# Fuzzing: schemathesis against `/openapi.json`
 
-Run: `{invocation}` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {result.seconds / 60:.1f} min.
-Schemathesis: `{shlex.join(["st", *result.command[1:]])}`
+Run: `{invocation}` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {result.seconds / 60:.1f} min in {rounds}.
+Schemathesis{first_round}: `{shlex.join(["st", *result.command[1:]])}`
 (every check but {", ".join(f"`{name}`" for name in EXCLUDED_CHECKS)}; see `bench/fuzz.py` for why).
 
 | figure | value |
@@ -182,17 +230,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-time-s", type=float, default=None, help="time budget; fuzzing repeats until it is spent"
     )
+    parser.add_argument(
+        "--min-requests",
+        type=int,
+        default=None,
+        help="run rounds of --round-s until the server answered this many (within --max-time-s)",
+    )
+    parser.add_argument("--round-s", type=float, default=300.0)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if args.min_requests is not None and args.max_time_s is None:
+        parser.error("--min-requests needs --max-time-s, the most it may take")
     options: dict[str, OptionValue] = {"device": "cpu", "max_context": 1024, "max_queue": 0}
     with live_server([], options=options, env={"OMP_NUM_THREADS": "1"}) as server:
-        result = run_fuzz(
-            server.base_url,
-            max_examples=args.max_examples,
-            workers=args.workers,
-            seed=args.seed,
-            max_time_s=args.max_time_s,
-        )
+        if args.min_requests is None:
+            result = run_fuzz(
+                server.base_url,
+                max_examples=args.max_examples,
+                workers=args.workers,
+                seed=args.seed,
+                max_time_s=args.max_time_s,
+            )
+        else:
+            result = fuzz_until(
+                server.base_url,
+                min_requests=args.min_requests,
+                max_time_s=args.max_time_s,
+                round_s=args.round_s,
+                max_examples=args.max_examples,
+                workers=args.workers,
+                seed=args.seed,
+            )
     invocation = shlex.join(["python", "-m", "bench.fuzz", *(argv if argv is not None else sys.argv[1:])])
     args.output.write_text(markdown(result, invocation))
     print(markdown(result, invocation))
