@@ -53,11 +53,17 @@ class ServiceState:
         self._listeners.append(listener)
         listener(self._phase)
 
+    def ready(self) -> bool:
+        """What `/readyz` and gRPC health both answer: loaded, not draining, and the engine up
+        (an engine process being restarted is not ready, although the phase stays READY)."""
+        return self.phase is Phase.READY and self.engine is not None and self.engine.healthy()
+
     def engine_for_request(self) -> Engine:
         """The engine, or a 503 while loading, draining, after a failed start or a dead worker."""
-        if self.phase is Phase.READY and self.engine is not None:
-            if self.engine.healthy():
-                return self.engine
+        if self.ready():
+            assert self.engine is not None
+            return self.engine
+        if self.phase is Phase.READY:
             raise _unavailable("the inference engine stopped")
         reason = {
             Phase.LOADING: "the models are still loading",

@@ -6,7 +6,8 @@ so SIGTERM drains both protocols at once: the phase turns DRAINING (new requests
 finish, whichever protocol it came by.
 
 Besides `pe_serve.v1.PEServe` the server runs `grpc.health.v1.Health` (for "" and for the
-service, following the phase) and server reflection. The method table is built from the proto's
+service: `Check` answers what `/readyz` does at that moment, `Watch` follows the phase) and server
+reflection. The method table is built from the proto's
 descriptor, so the one proto file is the only list of methods.
 """
 
@@ -63,6 +64,26 @@ def bind_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+class ReadinessHealth(health.aio.HealthServicer):  # type: ignore[misc]  # grpc_health ships no types
+    """Health whose `Check` asks the same question as `/readyz` when it is called.
+
+    The stored statuses follow the phase (and drive `Watch`), but an engine process that died and
+    is being restarted leaves the phase READY; `/readyz` is 503 meanwhile, and so is this.
+    """
+
+    def __init__(self, state: ServiceState) -> None:
+        super().__init__()
+        self._state = state
+
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> health_pb2.HealthCheckResponse:
+        response: health_pb2.HealthCheckResponse = await super().Check(request, context)
+        if response.status == _SERVING and not self._state.ready():
+            return health_pb2.HealthCheckResponse(status=_NOT_SERVING)
+        return response
+
+
 class GrpcServer:
     """Start and stop the gRPC side; its health follows `state.phase`."""
 
@@ -79,7 +100,7 @@ class GrpcServer:
         self.state = state
         self.address = bind_address(host, port)
         self.servicer = PEServeServicer(state, metrics, api_keys)
-        self.health = health.aio.HealthServicer()
+        self.health = ReadinessHealth(state)
         self._max_message_bytes = max_message_bytes
         self._server: grpc.aio.Server | None = None
         self._health_updates: set[asyncio.Task[None]] = set()

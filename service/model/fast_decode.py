@@ -18,6 +18,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -56,7 +57,7 @@ def compiled_step() -> StepFunction:
     """
     torch._dynamo.config.automatic_dynamic_shapes = False
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
-    options = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
+    options: dict[str, Any] = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
     return torch.compile(decode_one_token, fullgraph=True, options=options)
 
 

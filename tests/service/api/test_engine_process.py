@@ -13,7 +13,9 @@ import signal
 import threading
 from pathlib import Path
 
+import grpc
 import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.live_server import LiveServer, live_server
 from tests.service.api.conftest import BASE_OPTIONS, SERVER_ENV
@@ -30,6 +32,13 @@ def engine_pid(server: LiveServer) -> int:
     engines = [pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert len(engines) == 1, children
     return engines[0]
+
+
+def grpc_health(target: str) -> int:
+    with grpc.insecure_channel(target) as channel:
+        request = health_pb2.HealthCheckRequest(service="")
+        status: int = health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status
+        return status
 
 
 def first_event_then_the_rest(client: httpx.Client, started: threading.Event) -> list[dict[str, object]]:
@@ -60,12 +69,16 @@ def test_a_killed_engine_fails_its_requests_at_once_and_is_restarted(tiny_zoo: l
         assert not reader.is_alive(), "the stream hung after the engine died"
         wait_for(lambda: client.get("/readyz").status_code == 503, "readyz to report the dead engine")
         assert_error_shape(client.get("/readyz"), 503)
+        assert server.grpc_target is not None
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        wait_for(lambda: grpc_health(server.grpc_target or "") == not_serving, "gRPC health too")
         events = streamed[0]
         assert "token" in events[0]
         error = events[-1]["error"]
         assert isinstance(error, dict) and error["type"] == "service_unavailable"
         assert "engine process stopped" in error["message"]
         wait_for(lambda: client.get("/readyz").status_code == 200, "the restarted engine", timeout=120)
+        assert grpc_health(server.grpc_target) == health_pb2.HealthCheckResponse.SERVING
         assert engine_pid(server) != first_engine
         again = client.post("/generate", json={"prompt": "a", "max_new_tokens": 4, "temperature": 0})
         assert again.status_code == 200, again.text
