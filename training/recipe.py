@@ -12,8 +12,17 @@ from dataclasses import dataclass
 from service.model.config import ModelConfig, Scheme
 
 # The bundled members. `transformer_xl` and `cope` run and are tested (tiny checkpoints) but have no
-# trained zoo checkpoint yet: they did not fit in the time their issue had (see docs/zoo.md).
-ZOO_SCHEMES: tuple[Scheme, ...] = ("rope", "alibi", "sinusoidal", "learned", "t5_bias", "nope", "rope_alibi")
+# trained zoo checkpoint yet (see docs/zoo.md).
+ZOO_SCHEMES: tuple[Scheme, ...] = (
+    "rope",
+    "alibi",
+    "sinusoidal",
+    "learned",
+    "t5_bias",
+    "nope",
+    "rope_alibi",
+    "shaw",
+)
 TRAINED_CONTEXT = 256
 D_MODEL = 192
 
