@@ -159,8 +159,8 @@ def run_fuzz(
 def fuzz_until(
     base_url: str,
     *,
-    min_requests: int,
-    max_time_s: float,
+    min_requests: int | None,
+    max_time_s: float | None,
     round_s: float,
     max_examples: int,
     workers: int,
@@ -168,7 +168,12 @@ def fuzz_until(
 ) -> FuzzResult:
     """Rounds of at most `round_s` until the server has answered `min_requests` requests or
     `max_time_s` is spent, so a long run stops at its count instead of at a guess of the time it
-    needs on a machine of unknown speed. Each round has its own seed (the next one up)."""
+    needs on a machine of unknown speed. Each round has its own seed (the next one up). Without
+    `min_requests`, one run of `max_time_s` (or of `max_examples` alone)."""
+    if min_requests is None or max_time_s is None:
+        return run_fuzz(
+            base_url, max_examples=max_examples, workers=workers, seed=seed, max_time_s=max_time_s
+        )
     started = time.monotonic()
     total: FuzzResult | None = None
     while True:
@@ -243,24 +248,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--min-requests needs --max-time-s, the most it may take")
     options: dict[str, OptionValue] = {"device": "cpu", "max_context": 1024, "max_queue": 0}
     with live_server([], options=options, env={"OMP_NUM_THREADS": "1"}) as server:
-        if args.min_requests is None:
-            result = run_fuzz(
-                server.base_url,
-                max_examples=args.max_examples,
-                workers=args.workers,
-                seed=args.seed,
-                max_time_s=args.max_time_s,
-            )
-        else:
-            result = fuzz_until(
-                server.base_url,
-                min_requests=args.min_requests,
-                max_time_s=args.max_time_s,
-                round_s=args.round_s,
-                max_examples=args.max_examples,
-                workers=args.workers,
-                seed=args.seed,
-            )
+        result = fuzz_until(
+            server.base_url,
+            min_requests=args.min_requests,
+            max_time_s=args.max_time_s,
+            round_s=args.round_s,
+            max_examples=args.max_examples,
+            workers=args.workers,
+            seed=args.seed,
+        )
     invocation = shlex.join(["python", "-m", "bench.fuzz", *(argv if argv is not None else sys.argv[1:])])
     args.output.write_text(markdown(result, invocation))
     print(markdown(result, invocation))
