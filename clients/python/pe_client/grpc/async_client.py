@@ -19,14 +19,13 @@ from pe_client.grpc._base import (
     GrpcStreamState,
     channel_options,
     generate_message,
-    method,
     model_list,
     rpc_error,
     score_message,
     score_response,
-    serialize,
 )
-from pe_client.grpc._health import HEALTH_CHECK, health_request, health_result, parse_health
+from pe_client.grpc._health import health_request, health_result
+from pe_client.grpc._stubs import Stubs
 from pe_client.types import (
     GenerateParams,
     GenerateRequest,
@@ -88,14 +87,14 @@ class AsyncGrpcPEClient(BaseGrpcClient):
         self._owns_channel = channel is None
         self._channel = channel
         self._sleep = sleep
-        self._stubs: _Stubs | None = None
+        self._stubs: Stubs | None = None
 
-    def _stub(self) -> _Stubs:
+    def _stub(self) -> Stubs:
         """The method stubs, made on first use: a `grpc.aio` channel must be made in a running loop."""
         if self._stubs is None:
             if self._channel is None:
                 self._channel = grpc.aio.insecure_channel(self.target, channel_options())
-            self._stubs = _Stubs(self._channel)
+            self._stubs = Stubs(self._channel)
         return self._stubs
 
     async def generate(
@@ -192,28 +191,3 @@ class AsyncGrpcPEClient(BaseGrpcClient):
                 error: APIError = rpc_error(exc)
             await self._sleep(self.retry_policy.delay_or_raise(retries_taken, error))
             retries_taken += 1
-
-
-class _Stubs:
-    """One callable per method, on one channel."""
-
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        self.generate = channel.unary_stream(
-            method("Generate"),
-            request_serializer=serialize,
-            response_deserializer=pb.GenerateResponse.FromString,
-        )
-        self.score = channel.unary_unary(
-            method("Score"), request_serializer=serialize, response_deserializer=pb.ScoreResponse.FromString
-        )
-        self.list_models = channel.unary_unary(
-            method("ListModels"),
-            request_serializer=serialize,
-            response_deserializer=pb.ListModelsResponse.FromString,
-        )
-        self.abort = channel.unary_unary(
-            method("Abort"), request_serializer=serialize, response_deserializer=pb.AbortResponse.FromString
-        )
-        self.health = channel.unary_unary(
-            HEALTH_CHECK, request_serializer=serialize, response_deserializer=parse_health
-        )

@@ -19,14 +19,13 @@ from pe_client.grpc._base import (
     GrpcStreamState,
     channel_options,
     generate_message,
-    method,
     model_list,
     rpc_error,
     score_message,
     score_response,
-    serialize,
 )
-from pe_client.grpc._health import HEALTH_CHECK, health_request, health_result, parse_health
+from pe_client.grpc._health import health_request, health_result
+from pe_client.grpc._stubs import Stubs
 from pe_client.types import (
     GenerateParams,
     GenerateRequest,
@@ -89,25 +88,7 @@ class GrpcPEClient(BaseGrpcClient):
             channel if channel is not None else grpc.insecure_channel(self.target, channel_options())
         )
         self._sleep = sleep
-        self._generate = self._channel.unary_stream(
-            method("Generate"),
-            request_serializer=serialize,
-            response_deserializer=pb.GenerateResponse.FromString,
-        )
-        self._score = self._channel.unary_unary(
-            method("Score"), request_serializer=serialize, response_deserializer=pb.ScoreResponse.FromString
-        )
-        self._list_models = self._channel.unary_unary(
-            method("ListModels"),
-            request_serializer=serialize,
-            response_deserializer=pb.ListModelsResponse.FromString,
-        )
-        self._abort = self._channel.unary_unary(
-            method("Abort"), request_serializer=serialize, response_deserializer=pb.AbortResponse.FromString
-        )
-        self._health = self._channel.unary_unary(
-            HEALTH_CHECK, request_serializer=serialize, response_deserializer=parse_health
-        )
+        self._stubs = Stubs(self._channel)
 
     def generate(
         self,
@@ -144,20 +125,20 @@ class GrpcPEClient(BaseGrpcClient):
         **params: Unpack[ScoreParams],
     ) -> ScoreResponse:
         """Log-probability of every token of a text given its prefix, and the perplexity."""
-        return score_response(self._unary(self._score, score_message(request, params, request_id)))
+        return score_response(self._unary(self._stubs.score, score_message(request, params, request_id)))
 
     def models(self) -> list[ModelInfo]:
         """The resident models, in load order."""
-        return model_list(self._unary(self._list_models, pb.ListModelsRequest()))
+        return model_list(self._unary(self._stubs.list_models, pb.ListModelsRequest()))
 
     def cancel(self, request_id: str) -> None:
         """Stop a running generation or scoring (`Abort`); its stream then raises with CANCELLED."""
-        self._unary(self._abort, pb.AbortRequest(request_id=request_id))
+        self._unary(self._stubs.abort, pb.AbortRequest(request_id=request_id))
 
     def health(self) -> Health:
         """One `grpc.health.v1` check of the service, no retries: ready means SERVING."""
         try:
-            response = self._health(health_request(), metadata=self._metadata(), timeout=self.timeout)
+            response = self._stubs.health(health_request(), metadata=self._metadata(), timeout=self.timeout)
         except grpc.RpcError as exc:
             raise rpc_error(exc) from None
         return health_result(response)
@@ -194,7 +175,7 @@ class GrpcPEClient(BaseGrpcClient):
         """
         retries_taken = 0
         while True:
-            call = self._generate(message, metadata=self._metadata(), timeout=self.timeout)
+            call = self._stubs.generate(message, metadata=self._metadata(), timeout=self.timeout)
             call.initial_metadata()
             if not call.done() or call.code() is grpc.StatusCode.OK:
                 return call
