@@ -251,13 +251,22 @@ class EngineCore:
                 )
         if not live:
             return
-        picks = sample_rows([outcome.rows[row].sampler for row in live], outcome.logits[live])
+        try:
+            picks = sample_rows([outcome.rows[row].sampler for row in live], outcome.logits[live])
+        except Exception as error:  # a bug in sampling must fail these requests, never the engine
+            logger.exception("sampling failed", extra={"rows": len(live)})
+            for row in live:
+                self._fail(outcome.rows[row], RequestFailedError(f"sampling failed: {error}"))
+            return
         for row, pick in zip(live, picks, strict=True):
             sequence = outcome.rows[row]
+            if pick is None:
+                self._fail(sequence, RequestFailedError("the sampling controls leave no token to draw"))
+                continue
             event = sequence.accept(pick)
             if sequence.request.stream or len(sequence.tokens) == 1:
                 self._emit(sequence.key, event)
-        self._generated_total += len(live)
+        self._generated_total += sum(pick is not None for pick in picks)
 
     def _fail(self, sequence: RunningSequence, error: Exception) -> None:
         if sequence.finish_reason is None:

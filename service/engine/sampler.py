@@ -96,8 +96,10 @@ class Sampler:
 
     def sample(self, logits: Tensor) -> tuple[int, float]:
         """logits: float32 [vocab] -> (token, its raw log-probability)."""
-        token, logprob, _ = sample_rows([self], logits[None])[0]
-        return token, logprob
+        (pick,) = sample_rows([self], logits[None])
+        if pick is None:
+            raise ValueError("these sampling controls leave no token to draw")
+        return pick.token, pick.logprob
 
     def draw(self, logits: Tensor) -> int:
         """A random token from float32 logits [vocab] after temperature, top-k, top-p and min-p."""
@@ -109,26 +111,32 @@ class Sampler:
         return int(torch.multinomial(probabilities, 1, generator=self.generator(logits.device)))
 
 
-def sample_rows(samplers: Sequence[Sampler], logits: Tensor) -> list[Pick]:
-    """One pick per row of float32 logits [B, vocab]; each sampler records its token.
+def sample_rows(samplers: Sequence[Sampler], logits: Tensor) -> list[Pick | None]:
+    """One pick per row of finite float32 logits [B, vocab]; each sampler records its token.
 
     Everything runs where the logits are (the model's device): softmax, argmax and top-k
     alternatives once for the whole batch, a per-row draw only for rows that sample, penalties
     and masks only for rows that use them. What comes back to the host is B token ids and
     log-probabilities (and the asked-for alternatives), never a row of logits.
+
+    None for a row whose controls leave no token to draw (every token masked to -inf): checked for
+    all rows before any draw, so the others' random streams are the same as without that row.
     """
     raw_logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
     adjusted = adjusted_logits(samplers, logits)
-    best = torch.argmax(adjusted, dim=-1).tolist()
-    tokens = [
-        best[row] if sampler.greedy else sampler.draw(adjusted[row]) for row, sampler in enumerate(samplers)
-    ]
-    index = torch.tensor(tokens, device=logits.device)[:, None]
-    chosen = raw_logprobs.gather(1, index)[:, 0].tolist()  # [B]
-    alternatives = _top_logprobs(raw_logprobs, [sampler.params.top_logprobs for sampler in samplers])
-    for sampler, token in zip(samplers, tokens, strict=True):
-        sampler.record(token)
-    return [Pick(*pick) for pick in zip(tokens, chosen, alternatives, strict=True)]
+    best_values, best_tokens = torch.max(adjusted, dim=-1)
+    drawable, best = torch.stack([torch.isfinite(best_values).long(), best_tokens]).tolist()  # one sync
+    rows = [row for row in range(len(samplers)) if drawable[row]]
+    tokens = [best[row] if samplers[row].greedy else samplers[row].draw(adjusted[row]) for row in rows]
+    kept = raw_logprobs if len(rows) == len(samplers) else raw_logprobs[rows]
+    index = torch.tensor(tokens, dtype=torch.long, device=logits.device)[:, None]
+    chosen = kept.gather(1, index)[:, 0].tolist()
+    alternatives = _top_logprobs(kept, [samplers[row].params.top_logprobs for row in rows])
+    picks: list[Pick | None] = [None] * len(samplers)
+    for row, token, logprob, top in zip(rows, tokens, chosen, alternatives, strict=True):
+        samplers[row].record(token)
+        picks[row] = Pick(token, logprob, top)
+    return picks
 
 
 def top_alternatives(logprobs: Tensor, count: int) -> list[TopLogprobs]:
@@ -144,7 +152,7 @@ def top_alternatives(logprobs: Tensor, count: int) -> list[TopLogprobs]:
 
 def _top_logprobs(raw_logprobs: Tensor, counts: list[int]) -> list[TopLogprobs | None]:
     """Each row's alternatives (None where none were asked for), from one top-k over the batch."""
-    widest = max(counts)
+    widest = max(counts, default=0)
     if widest == 0:
         return [None] * len(counts)
     rows = top_alternatives(raw_logprobs, widest)
@@ -177,7 +185,11 @@ def _repetition_penalty(logits: Tensor, samplers: Sequence[Sampler]) -> Tensor:
     penalty = torch.tensor([sampler.params.repetition_penalty for sampler in samplers], device=device)[
         :, None
     ]
+    # A penalty near zero (any positive float is allowed) divides a positive logit past the largest
+    # float; saturating there keeps the limit (the seen token wins) instead of an inf that turns
+    # into NaN once the sampler subtracts the maximum.
     penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    penalized = penalized.clamp(max=torch.finfo(logits.dtype).max)
     return torch.where(seen, penalized, logits)
 
 

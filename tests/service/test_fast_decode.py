@@ -236,7 +236,8 @@ def test_requests_waiting_for_blocks_count_in_the_queue_depth(rope_dir: Path) ->
         first = iter(handles[0])
         next(first)  # a token of the first request: the step that produced it left two waiting
         assert engine.stats().queue_depth == 2
-        assert all(isinstance(list(handle)[-1], GenerationResult) for handle in [first, *handles[1:]])
+        assert isinstance(list(first)[-1], GenerationResult)
+        assert all(isinstance(list(handle)[-1], GenerationResult) for handle in handles[1:])
         assert engine.stats().queue_depth == 0
     finally:
         engine.shutdown()

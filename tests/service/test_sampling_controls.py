@@ -47,6 +47,32 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative_seen_logits
     )
 
 
+@pytest.mark.parametrize("penalty", [1e-300, 1e-40, 5e-324])
+def test_a_repetition_penalty_near_zero_saturates_instead_of_breaking_the_draw(penalty: float) -> None:
+    """Found by `make fuzz`: a positive penalty that is 0 or subnormal in float32 divided a logit
+    to inf, the draw's softmax turned it into NaN and the engine process died. The limit is the
+    seen positive-logit tokens only, which tie."""
+    sampler = Sampler(SamplingParams(temperature=1.0, repetition_penalty=penalty, seed=4), prompt=(1, 3))
+    assert {sampler.sample(LOGITS)[0] for _ in range(50)} == {1, 3}
+    greedy = Sampler(SamplingParams(temperature=0.0, repetition_penalty=penalty), prompt=(1, 3))
+    assert greedy.sample(LOGITS)[0] in (1, 3)
+
+
+def test_a_row_left_with_no_token_gets_none_and_the_others_are_drawn_as_alone() -> None:
+    every_token = tuple(range(len(LOGITS)))
+    stuck = SamplingParams(temperature=1.0, min_tokens=1, stop_token_ids=every_token, seed=1)
+    sampled = SamplingParams(temperature=1.0, seed=2)
+
+    def draws(params: list[SamplingParams]) -> list[list[int | None]]:
+        samplers = [Sampler(p, eos_ids=(EOS,)) for p in params]
+        steps = [sample_rows(samplers, LOGITS.expand(len(params), -1)) for _ in range(10)]
+        return [[pick.token if pick else None for pick in step] for step in steps]
+
+    together = draws([stuck, sampled])
+    assert all(step[0] is None for step in together)
+    assert [step[1] for step in together] == [step[0] for step in draws([sampled])]
+
+
 def test_presence_and_frequency_penalties_follow_openai_over_output_tokens() -> None:
     params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
     result = adjusted(params, prompt=(0,), output=(3, 3, 4))
@@ -76,7 +102,7 @@ def test_top_logprobs_are_the_raw_distributions_best_sorted_with_the_chosen_toke
     sampler = Sampler(SamplingParams(temperature=2.0, repetition_penalty=3.0, top_logprobs=3, seed=5))
     for _ in range(20):
         (pick,) = sample_rows([sampler], LOGITS[None])
-        assert pick.top_logprobs is not None
+        assert pick is not None and pick.top_logprobs is not None
         assert [entry.token for entry in pick.top_logprobs] == [1, 3, 0]
         assert [entry.logprob for entry in pick.top_logprobs] == pytest.approx(raw[[1, 3, 0]].tolist())
         if pick.token in (1, 3, 0):
@@ -94,7 +120,7 @@ def test_rows_with_different_controls_in_one_call_get_what_each_gets_alone() -> 
 
     def run(indices: list[int]) -> list[list[tuple[int, float]]]:
         samplers = [Sampler(settings[i], prompt=(1, 4), eos_ids=(EOS,)) for i in indices]
-        steps = [sample_rows(samplers, rows[indices]) for _ in range(5)]
+        steps = [[pick for pick in sample_rows(samplers, rows[indices]) if pick] for _ in range(5)]
         return [[(step[j].token, step[j].logprob) for step in steps] for j in range(len(indices))]
 
     together = run([0, 1, 2, 3])

@@ -117,6 +117,15 @@ def test_same_seed_gives_the_same_answer(client: httpx.Client) -> None:
     assert first["tokens"] == second["tokens"]
 
 
+def test_a_vanishing_repetition_penalty_generates_and_the_engine_stays_up(client: httpx.Client) -> None:
+    """Found by `make fuzz`: 1e-300 is a valid penalty (> 0), and it used to kill the engine process."""
+    body = {**SAMPLED, "repetition_penalty": 1e-300}
+    reply = client.post("/generate", json=body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] == MAX_NEW_TOKENS
+    assert client.get("/readyz").status_code == 200
+
+
 def test_stream_sends_one_event_per_token_then_usage_then_done(client: httpx.Client) -> None:
     expected = client.post("/generate", json=SAMPLED).json()
     with client.stream("POST", "/generate", json={**SAMPLED, "stream": True}) as response:
