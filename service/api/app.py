@@ -19,6 +19,7 @@ from service.api.lifespan import Companion, engine_lifespan
 from service.api.loading import load_engine
 from service.api.metrics import ServiceMetrics
 from service.api.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestContextMiddleware
+from service.api.openapi import register_stream_models
 from service.api.routes import (
     generate,
     health,
@@ -98,6 +99,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     for router in routers:
         app.include_router(router)
     playground.mount_static(app)
+    register_stream_models(app)
     # Added innermost first: the request context wraps everything, then auth, then the body limit.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     keys = settings.api_keys()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import FastAPI
 from pydantic import BaseModel
 
-from service.api.schemas.openai import OpenAIErrorResponse
+from service.api.schemas.openai import ChatCompletionChunk, OpenAIErrorResponse
 from service.api.schemas.responses import ErrorResponse, StreamEnd, StreamToken
 from service.api.schemas.scaling import SCALING_EXAMPLES
 
@@ -56,24 +57,69 @@ STREAM_PAYLOAD_SCHEMA: dict[str, Any] = {
     ]
 }
 
-# One event of the stream, as generic SSE tools read it (OpenAPI 3.1 has `schema` describe each
-# event): an object whose `data` field is a string, either JSON (`contentMediaType` and
-# `contentSchema` say of which shape) or the closing `[DONE]`.
-STREAM_EVENT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["data"],
-    "properties": {
-        "data": {
-            "type": "string",
-            "anyOf": [
-                {"contentMediaType": "application/json", "contentSchema": STREAM_PAYLOAD_SCHEMA},
-                {"const": "[DONE]"},
-            ],
+
+def _event_stream_schema(payload: dict[str, Any]) -> dict[str, Any]:
+    """One event of a stream, as generic SSE tools read it (OpenAPI 3.1 has `schema` describe each
+    event): an object whose `data` field is a string, either JSON of `payload`'s shape
+    (`contentMediaType` and `contentSchema`) or the closing `[DONE]`."""
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "data": {
+                "type": "string",
+                "anyOf": [
+                    {"contentMediaType": "application/json", "contentSchema": payload},
+                    {"const": "[DONE]"},
+                ],
+            },
+            "event": {"type": "string"},
+            "id": {"type": "string"},
         },
-        "event": {"type": "string"},
-        "id": {"type": "string"},
-    },
-}
+    }
+
+
+STREAM_EVENT_SCHEMA = _event_stream_schema(STREAM_PAYLOAD_SCHEMA)
+
+# Models that only appear inside stream events, which FastAPI does not register as components.
+STREAM_ONLY_MODELS: tuple[type[BaseModel], ...] = (ChatCompletionChunk,)
+
+
+def openai_stream(chunk: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """The `/v1` routes' 200 with `stream: true`: `chunk` events, an error event, then `[DONE]`."""
+    payload = {
+        "oneOf": [
+            {"$ref": f"#/components/schemas/{chunk.__name__}"},
+            {"$ref": "#/components/schemas/OpenAIErrorResponse"},
+        ]
+    }
+    return {
+        200: {
+            "content": {"text/event-stream": {"schema": _event_stream_schema(payload)}},
+            "description": f"With `stream: true`, `text/event-stream`: `{chunk.__name__}` events, then "
+            "`data: [DONE]`; a late failure is an error event.",
+        }
+    }
+
+
+def register_stream_models(app: FastAPI) -> None:
+    """Add `STREAM_ONLY_MODELS` (and the models they nest) to the app's OpenAPI components."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in STREAM_ONLY_MODELS:
+                definition = model.model_json_schema(
+                    ref_template="#/components/schemas/{model}", mode="serialization"
+                )
+                for name, nested in definition.pop("$defs", {}).items():
+                    components.setdefault(name, nested)
+                components.setdefault(model.__name__, definition)
+        return app.openapi_schema or build()
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def scaling_examples(request: dict[str, Any]) -> dict[str, Any]:

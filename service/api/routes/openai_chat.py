@@ -25,7 +25,7 @@ from service.api.openai_runs import (
     resolve_target,
     submit_all,
 )
-from service.api.openapi import openai_errors
+from service.api.openapi import openai_errors, openai_stream
 from service.api.routes.generate import CLIENT_CLOSED_REQUEST
 from service.api.schemas.openai import (
     AssistantMessage,
@@ -53,7 +53,11 @@ from service.engine.types import (
 router = APIRouter(tags=["openai"], dependencies=[Depends(require_json)])
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=openai_errors())
+@router.post(
+    "/v1/chat/completions",
+    response_model=ChatCompletionResponse,
+    responses={**openai_stream(ChatCompletionChunk), **openai_errors()},
+)
 async def chat_completions(
     body: ChatCompletionRequest,
     request: Request,

@@ -27,7 +27,7 @@ from service.api.openai_runs import (
     resolve_target,
     submit_all,
 )
-from service.api.openapi import openai_errors
+from service.api.openapi import openai_errors, openai_stream
 from service.api.routes.generate import CLIENT_CLOSED_REQUEST
 from service.api.schemas.openai import (
     CompletionChoice,
@@ -69,7 +69,11 @@ class _Plan:
     resolved_pe: PEInfo  # for a request that runs no generation
 
 
-@router.post("/v1/completions", response_model=CompletionResponse, responses=openai_errors())
+@router.post(
+    "/v1/completions",
+    response_model=CompletionResponse,
+    responses={**openai_stream(CompletionResponse), **openai_errors()},
+)
 async def completions(
     body: CompletionRequest,
     request: Request,

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import jsonschema
 
 DONE = "[DONE]"
 POLL_TIMEOUT_S = 60.0
@@ -63,3 +64,24 @@ def assert_error_shape(response: httpx.Response, status: int, param: object = AN
     if param is not ANY_PARAM:
         assert error["param"] == param, error
     return dict(error)
+
+
+def assert_stream_matches_openapi(client: httpx.Client, path: str, body: dict[str, Any]) -> None:
+    """Stream `body` (with usage) from `path`: every JSON event must validate against the event
+    schema `/openapi.json` documents for that route's 200 `text/event-stream`, then `[DONE]`."""
+    openapi = client.get("/openapi.json").json()
+    documented = openapi["paths"][path]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    (json_data,) = [
+        choice
+        for choice in documented["properties"]["data"]["anyOf"]
+        if choice.get("contentMediaType") == "application/json"
+    ]
+    schema = {**json_data["contentSchema"], "components": openapi["components"]}
+    request = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", path, json=request) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and len(events) > 3
+    for event in events[:-1]:
+        jsonschema.validate(json.loads(event), schema)

@@ -15,6 +15,7 @@ import pytest
 
 from tests.live_server import LiveServer
 from tests.service.api.conftest import NATIVE_CONTEXT, model_name
+from tests.service.api.helpers import assert_stream_matches_openapi
 
 MODEL = model_name("rope")
 PROMPT = "def fib(n):"
@@ -238,3 +239,10 @@ def test_tokenizer_routes_refuse_bad_input(
 ) -> None:
     response = client.request(method, path, json=body)
     assert response.status_code in (404, 422) and response.json()["error"]["param"] == param
+
+
+def test_streamed_completion_events_match_the_documented_event_schema(client: httpx.Client) -> None:
+    """Found by `make fuzz` (ST105): the `/v1` routes streamed `text/event-stream` that their
+    OpenAPI description did not list. Every event now validates against the one described."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 5}
+    assert_stream_matches_openapi(client, "/v1/completions", body)

@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 
 from tests.live_server import LiveServer, OptionValue, live_server
 from tests.service.api.conftest import SERVER_ENV
+from tests.service.api.helpers import assert_stream_matches_openapi
 from tests.service.api.test_hf_model_dir import write_tiny_llama
 
 MODEL = "chat-llama"
@@ -154,6 +155,12 @@ def test_a_streamed_chat_adds_up_to_the_whole_answer(oai: openai.OpenAI) -> None
         deltas = [c.delta.content or "" for chunk in chunks for c in chunk.choices if c.index == index]
         assert "".join(deltas) == whole.choices[0].message.content
     assert sorted(c.index for chunk in chunks for c in chunk.choices if c.finish_reason) == [0, 1]
+
+
+def test_streamed_chat_events_match_the_documented_event_schema(http: httpx.Client) -> None:
+    """The chat twin of the completions check (`make fuzz` found both undocumented)."""
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 5}
+    assert_stream_matches_openapi(http, "/v1/chat/completions", body)
 
 
 def test_a_template_refusing_the_messages_is_a_400(oai: openai.OpenAI) -> None:
