@@ -12,22 +12,15 @@ from pe_client.grpc._health import HEALTH_CHECK, parse_health
 
 class Stubs:
     def __init__(self, channel: Any) -> None:
+        def unary(path: str, parse: Any) -> Any:
+            return channel.unary_unary(path, request_serializer=serialize, response_deserializer=parse)
+
         self.generate = channel.unary_stream(
             method("Generate"),
             request_serializer=serialize,
             response_deserializer=pb.GenerateResponse.FromString,
         )
-        self.score = channel.unary_unary(
-            method("Score"), request_serializer=serialize, response_deserializer=pb.ScoreResponse.FromString
-        )
-        self.list_models = channel.unary_unary(
-            method("ListModels"),
-            request_serializer=serialize,
-            response_deserializer=pb.ListModelsResponse.FromString,
-        )
-        self.abort = channel.unary_unary(
-            method("Abort"), request_serializer=serialize, response_deserializer=pb.AbortResponse.FromString
-        )
-        self.health = channel.unary_unary(
-            HEALTH_CHECK, request_serializer=serialize, response_deserializer=parse_health
-        )
+        self.score = unary(method("Score"), pb.ScoreResponse.FromString)
+        self.list_models = unary(method("ListModels"), pb.ListModelsResponse.FromString)
+        self.abort = unary(method("Abort"), pb.AbortResponse.FromString)
+        self.health = unary(HEALTH_CHECK, parse_health)
