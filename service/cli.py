@@ -101,7 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--step-token-budget",
         type=int,
         metavar="N",
-        help="prompt/scoring tokens per engine step besides decoding (default 256)",
+        help="most prompt/scoring tokens per engine step besides decoding (default 192)",
+    )
+    parser.add_argument(
+        "--prefill-slowdown",
+        type=float,
+        metavar="X",
+        help="chunks of a step take at most X times its decode pass (default 3; 0: token budget only)",
     )
     parser.add_argument(
         "--torch-threads",

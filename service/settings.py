@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from service.engine.budget import DEFAULT_STEP_TOKEN_BUDGET
+from service.engine.budget import DEFAULT_PREFILL_SLOWDOWN, DEFAULT_STEP_TOKEN_BUDGET
 
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -49,7 +49,13 @@ class Settings(BaseSettings):
     step_token_budget: int = Field(
         default=DEFAULT_STEP_TOKEN_BUDGET,
         ge=16,
-        description="Prompt and scoring tokens one engine step runs besides its decode rows.",
+        description="The most prompt and scoring tokens one engine step runs besides its decode rows.",
+    )
+    prefill_slowdown: float = Field(
+        default=DEFAULT_PREFILL_SLOWDOWN,
+        ge=0.0,
+        description="While a request streams, a step's prompt and scoring chunks take at most this many "
+        "times its decode pass; 0: off.",
     )
     torch_threads: int = Field(
         default=0, ge=0, description="Torch threads of the engine; 0 means every core but one."

@@ -65,6 +65,7 @@ def load_engine(settings: Settings) -> Engine:
         max_context=settings.max_context,
         max_batch_size=settings.max_batch_size,
         step_token_budget=settings.step_token_budget,
+        prefill_slowdown=settings.prefill_slowdown,
         torch_threads=settings.torch_threads,
         decode=importlib.import_module("service.engine.core").DecodeSettings(
             kv_cache_bytes=settings.kv_cache_mb << 20,

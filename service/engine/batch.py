@@ -105,6 +105,11 @@ class ModelBatch:
         return len(self._decoding)
 
     @property
+    def streaming(self) -> bool:
+        """Whether a decoding row streams its tokens (its client sees every gap between them)."""
+        return any(sequence.request.stream for sequence in self._decoding.sequences)
+
+    @property
     def prefilling(self) -> int:
         return len(self._prefilling)
 

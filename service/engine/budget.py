@@ -1,10 +1,19 @@
-"""The step token budget: how wide a prompt or scoring chunk may be at a given context length.
+"""The step token budget: how much prompt and scoring work one engine step may do besides decoding.
 
 A chunk's time grows with the keys each of its queries attends to, not only with its tokens: on
 two CPU cores, 252 prompt tokens of the zoo RoPE model took 28 ms at the start of a prompt and 100
 ms at 3,500 tokens of context. The budget therefore prices a token at key length `c` as
-`1 + c / ATTENTION_SPAN` tokens, so a step's chunk takes about the same time anywhere in a long
-prompt and running streams see the same gap between tokens.
+`1 + c / ATTENTION_SPAN` units (`chunk_cost`), and a chunk is as wide as its units allow
+(`chunk_width`).
+
+How many units a step may spend is `StepBudget`'s rule: at most the token budget, and, while a
+decoding row streams its tokens, at most what takes `slowdown` times the step's decode pass at the
+speed chunks ran in recent steps. The pricing is one model for every device; the time rule
+corrects it where it is off. Beside four streams on two CPU cores (4 ms a step), 192 units deep in
+a 4,000-token prompt took 56 ms, a 15x gap in the streams; held to 3 decode passes, the gap stays
+within about 4 steps. A row that does not stream sees no gap, only its total time, which big
+chunks shorten: with no stream decoding, the token budget alone applies (the time rule made the
+serving bench's 64 non-streamed requests 22-33% slower in-process).
 """
 
 from __future__ import annotations
@@ -12,12 +21,18 @@ from __future__ import annotations
 import math
 
 ATTENTION_SPAN = 1024
-# Tokens of prompt and scoring chunks one step may run besides its decode rows (`--step-token-budget`).
-# Small enough that a step over a zoo model stays within a few decode steps' time on two CPU cores
-# (the longest gap running streams see while a long prompt is read: at 256, a 4,000-token /score
-# stretched the gap to 5.4x the p99 gap without it, bench/results/serving.md), large enough that
-# prompts are still read in efficient matrix products.
+# The most units of prompt and scoring chunks one step runs besides its decode rows
+# (`--step-token-budget`): large enough that prompts are read in efficient matrix products.
 DEFAULT_STEP_TOKEN_BUDGET = 192
+# A step's chunks may take this many times its decode pass (`--prefill-slowdown`; 0: no time rule).
+DEFAULT_PREFILL_SLOWDOWN = 3.0
+# With no row decoding nobody waits for the step: it may take this many times the token budget
+# (a burst of requests then starts in a step or two).
+IDLE_BUDGET_FACTOR = 8
+# The fewest units a step spends on chunks while there are any, so a long prompt always advances.
+MIN_STEP_UNITS = 16
+# Weight of the latest chunk's speed in the running estimate: recent steps, close in context length.
+SPEED_SMOOTHING = 0.5
 
 
 def chunk_width(budget: int, rows: int, past: int) -> int:
@@ -32,3 +47,41 @@ def chunk_width(budget: int, rows: int, past: int) -> int:
 def chunk_cost(rows: int, width: int, past: int) -> int:
     """What a chunk of `rows` x `width` tokens after `past` cached ones takes from the budget."""
     return math.ceil(rows * width * (1.0 + (past + width) / ATTENTION_SPAN))
+
+
+class StepBudget:
+    """The units each step's chunks may spend, learning from the time chunks took.
+
+    The estimate is seconds per unit, smoothed over recent chunks; until a chunk was timed, or with
+    `slowdown` 0, a decoding step spends the token budget.
+    """
+
+    def __init__(self, tokens: int, slowdown: float) -> None:
+        self.tokens = tokens
+        self.slowdown = slowdown
+        self.seconds_per_unit: float | None = None
+
+    def allowance(self, decode_seconds: float | None, *, streaming: bool) -> int:
+        """Units for this step's chunks; `decode_seconds` is its decode pass, None when none ran,
+        and `streaming` whether a row of that pass streams its tokens."""
+        if decode_seconds is None:
+            return self.tokens * IDLE_BUDGET_FACTOR
+        if not streaming or not self.slowdown or self.seconds_per_unit is None:
+            return self.tokens
+        timed = int(self.slowdown * decode_seconds / self.seconds_per_unit)
+        return max(min(MIN_STEP_UNITS, self.tokens), min(self.tokens, timed))
+
+    def observe(self, units: int, seconds: float, allowance: int) -> None:
+        """Note that chunks of `units` in all took `seconds` when `allowance` units were allowed.
+
+        Only chunks that filled most of their allowance count: a pass's fixed cost makes the last
+        few tokens of a prompt look slow per unit, and counting them would shrink the chunks
+        after them below an efficient size.
+        """
+        if units <= 0 or units < allowance // 2:
+            return
+        speed = seconds / units
+        previous = self.seconds_per_unit
+        self.seconds_per_unit = (
+            speed if previous is None else SPEED_SMOOTHING * speed + (1.0 - SPEED_SMOOTHING) * previous
+        )

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.engine.budget import DEFAULT_STEP_TOKEN_BUDGET
+from service.engine.budget import DEFAULT_PREFILL_SLOWDOWN, DEFAULT_STEP_TOKEN_BUDGET
 from service.engine.core import DecodeSettings
 
 
@@ -20,6 +20,7 @@ class EngineConfig:
     max_context: int = 4096
     max_batch_size: int = 16
     step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET
+    prefill_slowdown: float = DEFAULT_PREFILL_SLOWDOWN
     torch_threads: int = 0  # 0: `engine_threads()` in an engine process, torch's default on a thread
     decode: DecodeSettings = field(default_factory=DecodeSettings)
     log_config: dict[str, Any] | None = field(default=None, compare=False)  # for an engine process

@@ -2,10 +2,10 @@
 
 A step (1) drops cancelled requests, (2) admits waiting ones while their model's batch has room
 (scoring needs no batch slot), (3) runs one decode step for every model with decoding rows, and
-(4) spends the step's token budget (decode rows do not count against it) on prompt chunks and
+(4) spends the step's budget (`service.engine.budget.StepBudget`: the token budget, held to a
+multiple of the decode pass's time; decode rows do not count against it) on prompt chunks and
 scoring chunks, taking the candidates round-robin so that one long document cannot starve another
-model's prompts. With no
-row decoding, nobody waits for the step, and the budget is `IDLE_BUDGET_FACTOR` times larger. Whatever
+model's prompts. With no row decoding, nobody waits for the step, and the budget is wider. Whatever
 the step produced for every request comes back as one `StepOutput`: the in-process engine hands it
 to its handles, the engine process sends it to the API process in one message.
 
@@ -26,7 +26,7 @@ import torch
 
 from service.engine import pool_metrics
 from service.engine.batch import ModelBatch, StepOutcome
-from service.engine.budget import DEFAULT_STEP_TOKEN_BUDGET
+from service.engine.budget import DEFAULT_PREFILL_SLOWDOWN, DEFAULT_STEP_TOKEN_BUDGET, StepBudget
 from service.engine.errors import EngineError, RequestCancelledError, RequestFailedError
 from service.engine.handle import Item
 from service.engine.models import ServedModel
@@ -39,7 +39,6 @@ from service.model.paged_cache import PagedKVCache
 
 logger = logging.getLogger("service.engine.core")
 
-IDLE_BUDGET_FACTOR = 8
 # Each model's KV block pool. 128 MiB holds about 21,800 tokens of a zoo model (6 KiB per token),
 # e.g. 64 requests of 340 tokens; a pool is never smaller than one request of max_context.
 DEFAULT_KV_CACHE_BYTES = 128 << 20
@@ -93,11 +92,12 @@ class EngineCore:
         *,
         max_batch_size: int = 16,
         step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET,
+        prefill_slowdown: float = DEFAULT_PREFILL_SLOWDOWN,
         decode: DecodeSettings = DEFAULT_DECODE,
     ) -> None:
         self._models = {served.name: served for served in models}
         self.max_batch_size = max_batch_size
-        self.step_token_budget = step_token_budget
+        self.budget = StepBudget(step_token_budget, prefill_slowdown)
         self._batches = {
             name: _model_batch(served, decode, max_batch_size) for name, served in self._models.items()
         }
@@ -143,15 +143,20 @@ class EngineCore:
         for name in self._models:
             self._admit(name)
         decoding = [batch for batch in self._batches.values() if batch.decoding]
-        # The budget exists to keep running streams' gaps short; with none running, prompts and
-        # documents may take a wider step (a burst of requests then starts in a step or two).
         # The budget is for chunks besides the decode rows, as documented: charging the rows to it
         # starved prompts exactly when many streams run (64 rows left 128 of 192; the bench's
-        # 64-request workload took 12% longer in-process).
-        budget = self.step_token_budget if decoding else self.step_token_budget * IDLE_BUDGET_FACTOR
+        # 64-request workload took 12% longer in-process). Sampling syncs with the device, so the
+        # clock reads the decode pass's real time.
+        started = time.perf_counter()
         for batch in decoding:
             self._accept(batch.decode())
-        self._run_chunks(budget)
+        chunks_started = time.perf_counter()
+        allowance = self.budget.allowance(
+            chunks_started - started if decoding else None,
+            streaming=any(batch.streaming for batch in decoding),
+        )
+        spent = self._run_chunks(allowance)
+        self.budget.observe(spent, time.perf_counter() - chunks_started, allowance)
         for batch in self._batches.values():
             self._release_finished(batch)
         return self._flush()
@@ -204,8 +209,9 @@ class EngineCore:
             sequence.started_at = now
             batch.add(sequence)
 
-    def _run_chunks(self, budget: int) -> None:
-        """Prompt and scoring chunks, round-robin over the candidates, until the budget is spent.
+    def _run_chunks(self, budget: int) -> int:
+        """Prompt and scoring chunks, round-robin over the candidates, until the budget is spent;
+        returns the units spent.
 
         At most `max_batch_size` documents are scored at once (each holds a KV cache while it runs);
         the others wait their turn in arrival order.
@@ -213,17 +219,19 @@ class EngineCore:
         candidates: list[ModelBatch | _ScoreJob] = [b for b in self._batches.values() if b.prefilling]
         candidates += list(itertools.islice(self._scoring, self.max_batch_size))
         if not candidates:
-            return
+            return 0
         self._turn = (self._turn + 1) % len(candidates)
+        left = budget
         for candidate in candidates[self._turn :] + candidates[: self._turn]:
-            if budget <= 0:
-                return
+            if left <= 0:
+                break
             if isinstance(candidate, ModelBatch):
-                outcome, spent = candidate.prefill_chunk(budget)
+                outcome, spent = candidate.prefill_chunk(left)
                 self._accept(outcome)
             else:
-                spent = self._score_chunk(candidate, budget)
-            budget -= spent
+                spent = self._score_chunk(candidate, left)
+            left -= spent
+        return budget - left
 
     def _score_chunk(self, score: _ScoreJob, budget: int) -> int:
         try:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from pe_runtime import PECache
-from service.engine.budget import DEFAULT_STEP_TOKEN_BUDGET
+from service.engine.budget import DEFAULT_PREFILL_SLOWDOWN, DEFAULT_STEP_TOKEN_BUDGET
 from service.engine.catalog import ModelCatalog
 from service.engine.config import EngineConfig
 from service.engine.core import DEFAULT_DECODE, DecodeSettings, EngineCore, Job
@@ -82,6 +82,7 @@ class InferenceEngine(EngineFrontend):
         max_batch_size: int = 16,
         max_queue: int = 64,
         step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET,
+        prefill_slowdown: float = DEFAULT_PREFILL_SLOWDOWN,
         decode: DecodeSettings = DEFAULT_DECODE,
     ) -> None:
         super().__init__(
@@ -90,7 +91,11 @@ class InferenceEngine(EngineFrontend):
             max_queue=max_queue,
         )
         self._core = EngineCore(
-            models, max_batch_size=max_batch_size, step_token_budget=step_token_budget, decode=decode
+            models,
+            max_batch_size=max_batch_size,
+            step_token_budget=step_token_budget,
+            prefill_slowdown=prefill_slowdown,
+            decode=decode,
         )
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -108,6 +113,7 @@ class InferenceEngine(EngineFrontend):
         max_batch_size: int = 16,
         max_queue: int = 64,
         step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET,
+        prefill_slowdown: float = DEFAULT_PREFILL_SLOWDOWN,
         decode: DecodeSettings = DEFAULT_DECODE,
         pe_cache: PECache | None = None,
     ) -> InferenceEngine:
@@ -117,6 +123,7 @@ class InferenceEngine(EngineFrontend):
             max_batch_size=max_batch_size,
             max_queue=max_queue,
             step_token_budget=step_token_budget,
+            prefill_slowdown=prefill_slowdown,
             decode=decode,
         )
 
@@ -133,6 +140,7 @@ class InferenceEngine(EngineFrontend):
             max_batch_size=config.max_batch_size,
             max_queue=max_queue,
             step_token_budget=config.step_token_budget,
+            prefill_slowdown=config.prefill_slowdown,
             decode=config.decode,
         )
 

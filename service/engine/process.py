@@ -83,6 +83,7 @@ def engine_main(connection: Connection, config: EngineConfig) -> None:
         models,
         max_batch_size=config.max_batch_size,
         step_token_budget=config.step_token_budget,
+        prefill_slowdown=config.prefill_slowdown,
         decode=config.decode,
     )
     connection.send(("ready", [served.spec for served in models]))
