@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--prefill-slowdown",
         type=float,
         metavar="X",
-        help="chunks of a step take at most X times its decode pass (default 3; 0: token budget only)",
+        help="chunks of a step take at most X times its decode pass (default 2; 0: token budget only)",
     )
     parser.add_argument(
         "--torch-threads",

@@ -25,13 +25,13 @@ import torch
 from torch import Tensor
 
 from pe_runtime import RopeScaling
-from service.engine.budget import chunk_cost, chunk_width
+from service.engine.budget import ChunkPlan, plan_chunk
 from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest
 from service.model.fast_decode import FastDecoder
 from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows
 from service.model.refresh import recompute_row, stale_rows
-from service.model.transformer import Transformer
+from service.model.transformer import Stages, Transformer, run_layers
 
 logger = logging.getLogger("service.engine.batch")
 
@@ -51,6 +51,19 @@ class StepOutcome:
 class _PassResult:
     logits: dict[int, Tensor]  # row -> logits [V]
     failed: dict[int, Exception]
+
+
+@dataclass
+class _SpreadChunk:
+    """A prompt chunk whose pass runs a few layers per step (see `ModelBatch.prefill_chunk`)."""
+
+    sequences: list[RunningSequence]
+    rows: list[PagedRow]
+    chunks: list[tuple[int, ...]]
+    table_lengths: list[int]
+    counts: list[int]
+    plan: ChunkPlan
+    stages: Stages[Tensor]
 
 
 class _Group:
@@ -96,6 +109,7 @@ class ModelBatch:
         self.fast = fast
         self._prefilling = _Group(pool)
         self._decoding = _Group(pool)
+        self._spread: _SpreadChunk | None = None
 
     def __len__(self) -> int:
         return len(self._prefilling) + len(self._decoding)
@@ -126,30 +140,70 @@ class ModelBatch:
         self._prefilling.join(sequence, self.pool.allocate(_reach(sequence.request)))
 
     def prefill_chunk(self, budget: int) -> tuple[StepOutcome, int]:
-        """Advance every prefilling row by up to `budget` tokens in all.
+        """Advance every prefilling row by a chunk that fits `budget` units (`plan_chunk`).
 
         Rows take the same width; a row with fewer prompt tokens left is padded to it, so that one
-        row close to the end of its prompt never slows the others down to its pace. Returns the
-        rows whose prompt is now complete, with their next-token logits (they move to the decoding
-        group in `retain`, unless that first token finished them), the rows that failed, and what
-        the pass took from the budget.
+        row close to the end of its prompt never slows the others down to its pace. When even the
+        smallest chunk costs more than the budget (a few tokens deep in a long context still read
+        every cached key), its pass is spread over steps, a few layers each, and the rows advance
+        when the last layer is done; rows that join meanwhile wait for the next chunk. Returns the
+        rows whose prompt is now complete, with their next-token logits (they move to the
+        decoding group in `retain`, unless that first token finished them), the rows that
+        failed, and what the step took from the budget.
         """
+        if self._spread is not None:
+            return self._continue_spread()
         group = self._prefilling
         past = max(sequence.prefilled for sequence in group.sequences)
         longest = max(sequence.prompt_remaining for sequence in group.sequences)
-        width = min(longest, chunk_width(budget, len(group), past))
-        counts = [min(width, sequence.prompt_remaining) for sequence in group.sequences]
+        plan = plan_chunk(budget, len(group), past, longest, self.model.config.n_layers)
+        counts = [min(plan.width, sequence.prompt_remaining) for sequence in group.sequences]
         chunks = [
-            sequence.next_prompt_chunk(count) + (_PAD,) * (width - count)
+            sequence.next_prompt_chunk(count) + (_PAD,) * (plan.width - count)
             for sequence, count in zip(group.sequences, counts, strict=True)
         ]
         # Every chunk of a prompt reads the table for the whole prompt: no row changes table mid-prompt.
         lengths = [len(sequence.request.prompt_tokens) for sequence in group.sequences]
+        sequences = list(group.sequences)
+        scalings = [sequence.scaling for sequence in sequences]
+        if plan.layers_per_step < plan.layers and not stale_rows(self.model, group.view, scalings, lengths):
+            stages = self.model.forward_stages(
+                self._tokens(chunks), scaling=scalings, cache=group.view, table_lengths=lengths, counts=counts
+            )
+            self._spread = _SpreadChunk(sequences, list(group.rows), chunks, lengths, counts, plan, stages)
+            return self._continue_spread()
         result = self._run(group, chunks, lengths, counts)
+        return self._prefilled(sequences, counts, result), plan.cost
+
+    def _continue_spread(self) -> tuple[StepOutcome, int]:
+        """The next layers of the spread chunk; a pass that raises is rerun row by row, whole."""
+        spread = self._spread
+        assert spread is not None
+        try:
+            with torch.inference_mode():
+                logits = run_layers(spread.stages, spread.plan.layers_per_step)
+        except Exception:
+            logger.exception("a spread prompt chunk failed; rerunning its rows one by one")
+            self._spread = None
+            scalings = [sequence.scaling for sequence in spread.sequences]
+            result = self._run_rows_alone(
+                spread.rows, spread.chunks, scalings, spread.table_lengths, spread.counts, {}
+            )
+            return self._prefilled(spread.sequences, spread.counts, result), spread.plan.cost_per_step
+        if logits is None:
+            return self._outcome([], _PassResult({}, {}), []), spread.plan.cost_per_step
+        self._spread = None
+        last = logits[:, -1].float()  # [N, V] at each row's last real token
+        result = _PassResult({row: last[row] for row in range(len(spread.sequences))}, {})
+        return self._prefilled(spread.sequences, spread.counts, result), spread.plan.cost_per_step
+
+    def _prefilled(
+        self, sequences: list[RunningSequence], counts: list[int], result: _PassResult
+    ) -> StepOutcome:
         for row in result.logits:
-            group.sequences[row].prefilled += counts[row]
-        ready = [row for row in result.logits if not group.sequences[row].prompt_remaining]
-        return self._outcome(group, result, ready), chunk_cost(len(chunks), width, past)
+            sequences[row].prefilled += counts[row]
+        ready = [row for row in result.logits if not sequences[row].prompt_remaining]
+        return self._outcome(sequences, result, ready)
 
     def decode(self) -> StepOutcome:
         """One token for every decoding row in one forward pass."""
@@ -157,23 +211,28 @@ class ModelBatch:
         lengths = [past + 1 for past in group.view.lengths]
         chunks = [(sequence.last_token,) for sequence in group.sequences]
         result = self._run(group, chunks, lengths, [1] * len(chunks), fast=True)
-        return self._outcome(group, result, list(result.logits))
+        return self._outcome(group.sequences, result, list(result.logits))
 
-    def _outcome(self, group: _Group, result: _PassResult, rows: list[int]) -> StepOutcome:
+    def _outcome(self, sequences: list[RunningSequence], result: _PassResult, rows: list[int]) -> StepOutcome:
         vocab = self.model.config.vocab_size
         logits = (
             torch.stack([result.logits[row] for row in rows])
             if rows
             else torch.empty(0, vocab, device=self._device)
         )
-        failed = [(group.sequences[row], error) for row, error in result.failed.items()]
-        return StepOutcome([group.sequences[row] for row in rows], logits, failed)
+        failed = [(sequences[row], error) for row, error in result.failed.items()]
+        return StepOutcome([sequences[row] for row in rows], logits, failed)
 
     def retain(self, keep: Callable[[RunningSequence], bool]) -> list[RunningSequence]:
         """Drop sequences for which `keep` is false and free their blocks; return the dropped ones.
 
         Then rows whose prompt is complete move to the decoding group (their blocks stay theirs).
+        A spread chunk with a dropped row is abandoned before its blocks go back to the pool; its
+        other rows read that chunk again (nothing of it was kept).
         """
+        if self._spread is not None and not all(map(keep, self._spread.sequences)):
+            self._spread.stages.close()
+            self._spread = None
         dropped: list[RunningSequence] = []
         for group in (self._prefilling, self._decoding):
             for sequence, row in group.split(keep):
@@ -186,6 +245,9 @@ class ModelBatch:
     @property
     def _device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
+
+    def _tokens(self, chunks: Sequence[tuple[int, ...]]) -> Tensor:
+        return torch.tensor([list(chunk) for chunk in chunks], dtype=torch.long, device=self._device)
 
     def _run(
         self,
@@ -206,12 +268,12 @@ class ModelBatch:
                 logits = self._forward(group.view, chunks, scalings, table_lengths, counts)
         except Exception:
             logger.exception("a batched pass failed; rerunning its rows one by one")
-            return self._run_rows_alone(group, chunks, scalings, table_lengths, counts, failed)
+            return self._run_rows_alone(group.rows, chunks, scalings, table_lengths, counts, failed)
         return _PassResult({row: logits[row] for row in range(len(group)) if row not in failed}, failed)
 
     def _run_rows_alone(
         self,
-        group: _Group,
+        rows: list[PagedRow],
         chunks: Sequence[tuple[int, ...]],
         scalings: list[RopeScaling],
         table_lengths: list[int],
@@ -219,7 +281,7 @@ class ModelBatch:
         failed: dict[int, Exception],
     ) -> _PassResult:
         logits: dict[int, Tensor] = {}
-        for row, paged in enumerate(group.rows):
+        for row, paged in enumerate(rows):
             if row in failed:
                 continue
             span = slice(row, row + 1)
@@ -253,10 +315,9 @@ class ModelBatch:
         table_lengths: Sequence[int],
         counts: Sequence[int],
     ) -> Tensor:
-        tokens = torch.tensor([list(chunk) for chunk in chunks], dtype=torch.long, device=self._device)
         with torch.inference_mode():
             logits: Tensor = self.model(
-                tokens,
+                self._tokens(chunks),
                 scaling=list(scalings),
                 cache=rows,
                 table_lengths=list(table_lengths),

@@ -10,27 +10,33 @@ How many units a step may spend is `StepBudget`'s rule: at most the token budget
 decoding row streams its tokens, at most what takes `slowdown` times the step's decode pass at the
 speed chunks ran in recent steps. The pricing is one model for every device; the time rule
 corrects it where it is off. Beside four streams on two CPU cores (4 ms a step), 192 units deep in
-a 4,000-token prompt took 56 ms, a 15x gap in the streams; held to 3 decode passes, the gap stays
-within about 4 steps. A row that does not stream sees no gap, only its total time, which big
-chunks shorten: with no stream decoding, the token budget alone applies (the time rule made the
-serving bench's 64 non-streamed requests 22-33% slower in-process).
+a 4,000-token prompt took 56 ms, a 15x gap in the streams; held to 2 decode passes, a step stays
+within 3 (the serving bench's longest gap with a 4,000-token prompt or document arriving went
+from 4.3-5.6x the streams' p99 gap to 3.2-4.2x; with 3 it was 3.8-5.1x). Where even the smallest
+chunk (`MIN_CHUNK_UNITS`) costs more than the allowance, as a few tokens deep in a long context
+do, `plan_chunk` spreads its pass over steps, a few layers each. A row that does not stream sees
+no gap, only its total time, which big chunks shorten: with no stream decoding, the token budget
+alone applies (the time rule made the bench's 64 non-streamed requests 22-33% slower in-process).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 ATTENTION_SPAN = 1024
 # The most units of prompt and scoring chunks one step runs besides its decode rows
 # (`--step-token-budget`): large enough that prompts are read in efficient matrix products.
 DEFAULT_STEP_TOKEN_BUDGET = 192
 # A step's chunks may take this many times its decode pass (`--prefill-slowdown`; 0: no time rule).
-DEFAULT_PREFILL_SLOWDOWN = 3.0
+DEFAULT_PREFILL_SLOWDOWN = 2.0
 # With no row decoding nobody waits for the step: it may take this many times the token budget
 # (a burst of requests then starts in a step or two).
 IDLE_BUDGET_FACTOR = 8
-# The fewest units a step spends on chunks while there are any, so a long prompt always advances.
-MIN_STEP_UNITS = 16
+# The smallest chunk a step plans, in units. A step allowed less runs such a chunk a few layers at a
+# time over several steps (`ChunkPlan.layers_per_step`): deep in a long context even a few tokens
+# cost a pass over every cached key, and a long prompt must still advance at a useful width.
+MIN_CHUNK_UNITS = 16
 # Weight of the latest chunk's speed in the running estimate: recent steps, close in context length.
 SPEED_SMOOTHING = 0.5
 
@@ -47,6 +53,29 @@ def chunk_width(budget: int, rows: int, past: int) -> int:
 def chunk_cost(rows: int, width: int, past: int) -> int:
     """What a chunk of `rows` x `width` tokens after `past` cached ones takes from the budget."""
     return math.ceil(rows * width * (1.0 + (past + width) / ATTENTION_SPAN))
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """A chunk of `rows` x `width` tokens whose pass costs `cost` units, run `layers_per_step`
+    layers per step (every layer unless the step's allowance is below the chunk's cost)."""
+
+    width: int
+    cost: int
+    layers_per_step: int
+    layers: int
+
+    @property
+    def cost_per_step(self) -> int:
+        return math.ceil(self.cost * self.layers_per_step / self.layers)
+
+
+def plan_chunk(allowance: int, rows: int, past: int, remaining: int, layers: int) -> ChunkPlan:
+    """The chunk a step's `allowance` buys for `rows` rows `past` tokens in, `remaining` to read."""
+    width = min(remaining, chunk_width(max(allowance, MIN_CHUNK_UNITS), rows, past))
+    cost = chunk_cost(rows, width, past)
+    steps = min(layers, math.ceil(cost / max(allowance, 1)))
+    return ChunkPlan(width, cost, max(1, layers // steps), layers)
 
 
 class StepBudget:
@@ -69,7 +98,7 @@ class StepBudget:
         if not streaming or not self.slowdown or self.seconds_per_unit is None:
             return self.tokens
         timed = int(self.slowdown * decode_seconds / self.seconds_per_unit)
-        return max(min(MIN_STEP_UNITS, self.tokens), min(self.tokens, timed))
+        return max(1, min(self.tokens, timed))
 
     def observe(self, units: int, seconds: float, allowance: int) -> None:
         """Note that chunks of `units` in all took `seconds` when `allowance` units were allowed.

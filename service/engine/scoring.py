@@ -15,12 +15,12 @@ import torch
 from torch import Tensor
 
 from pe_runtime import RopeScaling
-from service.engine.budget import chunk_cost, chunk_width
+from service.engine.budget import ChunkPlan, chunk_cost, plan_chunk
 from service.engine.errors import RequestFailedError
 from service.engine.sampler import top_alternatives
 from service.engine.types import TopLogprobs
 from service.model.kv_cache import KVCache
-from service.model.transformer import Transformer
+from service.model.transformer import Stages, Transformer, run_layers
 
 # Positions projected to the vocabulary at once: bounds the [N, V] float32 logits to a few hundred
 # MiB even for 150k-token vocabularies, whatever the chunk length.
@@ -45,6 +45,8 @@ class ChunkedScorer:
         self._logprobs: list[float | None] = [None]
         self._alternatives: list[TopLogprobs | None] = [None]
         self._cache: KVCache | None = None
+        # The chunk in progress when its pass is spread over steps: its ids, plan and stages.
+        self._spread: tuple[Tensor, ChunkPlan, Stages[Tensor]] | None = None
 
     @property
     def remaining(self) -> int:
@@ -52,7 +54,8 @@ class ChunkedScorer:
         return len(self._tokens) - len(self._logprobs)
 
     def advance(self, budget: int) -> int:
-        """Run the next chunk that fits `budget` (see `service.engine.budget`); returns its cost.
+        """Run the next chunk that fits `budget` (`service.engine.budget.plan_chunk`), or the next
+        layers of a chunk spread over steps; returns what this call took from the budget.
 
         Raises RequestFailedError on non-finite logits.
         """
@@ -60,14 +63,25 @@ class ChunkedScorer:
         device = model.embed_tokens.weight.device
         if self._cache is None:
             self._cache = model.new_cache(1, len(self._tokens))
-        start = len(self._logprobs) - 1
-        width = min(self.remaining, chunk_width(budget, 1, start))
+        if self._spread is None:
+            start = len(self._logprobs) - 1
+            plan = plan_chunk(budget, 1, start, self.remaining, model.config.n_layers)
+            ids = torch.tensor(self._tokens[start : start + plan.width + 1], dtype=torch.long, device=device)
+            stages = model.final_hidden_stages(
+                ids[None, : plan.width],
+                scaling=self.scaling,
+                cache=self._cache,
+                table_lengths=[len(self._tokens)],
+            )
+            self._spread = (ids, plan, stages)
+        ids, plan, stages = self._spread
         with torch.inference_mode():
-            ids = torch.tensor(self._tokens[start : start + width + 1], dtype=torch.long, device=device)
-            hidden = model.final_hidden(
-                ids[None, :width], scaling=self.scaling, cache=self._cache, table_lengths=[len(self._tokens)]
-            )[0]  # [width, D]
-            for at in range(0, width, _PROJECTION_CHUNK):
+            final = run_layers(stages, plan.layers_per_step)
+            if final is None:
+                return plan.cost_per_step
+            self._spread = None
+            hidden = final[0]  # [width, D]
+            for at in range(0, plan.width, _PROJECTION_CHUNK):
                 logprobs = _chunk_logprobs(model, hidden[at : at + _PROJECTION_CHUNK])
                 targets = ids[at + 1 : at + 1 + _PROJECTION_CHUNK]
                 self._logprobs += logprobs.gather(1, targets[:, None])[:, 0].cpu().tolist()
@@ -75,7 +89,7 @@ class ChunkedScorer:
                     self._alternatives += top_alternatives(logprobs.cpu(), self.top_logprobs)
         if not self.remaining:
             self._cache = None  # done: the memory goes back at once, not when the job is dropped
-        return chunk_cost(1, width, start)
+        return plan.cost_per_step
 
     def result(self) -> list[float | None]:
         return list(self._logprobs)

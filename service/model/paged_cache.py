@@ -151,6 +151,11 @@ class PagedRows:
         )
         self._write: tuple[Tensor, Tensor] | None = None
         self._window = 0
+        # A lone row whose blocks follow each other in the pool (the usual case: the free list
+        # hands out runs) has its window as a view of the pool, with nothing to gather.
+        blocks = self.rows[0].blocks
+        consecutive = len(self.rows) == 1 and blocks == list(range(blocks[0], blocks[0] + len(blocks)))
+        self._run_start = blocks[0] if consecutive else None
 
     @property
     def lengths(self) -> list[int]:
@@ -184,13 +189,20 @@ class PagedRows:
         """Store `[B, n_kv_heads, T, head_dim]` after each row's entries; return the windows.
 
         The windows `[B, n_kv_heads, max(lengths) + T, head_dim]` are gathered from the blocks
-        (a copy): rows shorter than the longest carry other entries there, which the mask hides.
+        (a copy; for a lone row on consecutive blocks, a view of the pool): rows shorter than the
+        longest carry other entries there, which the mask hides.
         """
         assert self._write is not None, "reserve() first"
-        blocks, offsets = self._write
-        self.pool.keys[layer][:, blocks, offsets] = keys.transpose(0, 1)  # [Hkv, B, T, hd]
-        self.pool.values[layer][:, blocks, offsets] = values.transpose(0, 1)
-        return self._gather(self.pool.keys[layer]), self._gather(self.pool.values[layer])
+        pages = self.pool.keys[layer], self.pool.values[layer]
+        if self._run_start is not None and self._window <= len(self.rows[0].blocks) * self.pool.block_size:
+            start = self.rows[0].length
+            for pool_pages, new in zip(pages, (keys, values), strict=True):
+                self._run(pool_pages)[:, start : self._window] = new[0]  # [Hkv, T, hd]
+        else:
+            blocks, offsets = self._write
+            for pool_pages, new in zip(pages, (keys, values), strict=True):
+                pool_pages[:, blocks, offsets] = new.transpose(0, 1)  # [Hkv, B, T, hd]
+        return self._gather(pages[0]), self._gather(pages[1])
 
     def window_blocks(self, count: int) -> Tensor:
         """Each row's first `count` blocks `[B, count]`, contiguous, scratch-filled past its own.
@@ -205,12 +217,20 @@ class PagedRows:
 
     def _gather(self, pages: Tensor) -> Tensor:
         size = self.pool.block_size
-        table = self.window_blocks(math.ceil(self._window / size))
+        count = math.ceil(self._window / size)
+        if self._run_start is not None and count <= len(self.rows[0].blocks):
+            return self._run(pages)[None, :, : self._window]  # [1, Hkv, W, hd]
+        table = self.window_blocks(count)
         batch, count = table.shape
         # index_select copies whole blocks; advanced indexing with a 2-d index is several times slower
         gathered = pages.index_select(1, table.flatten())  # [Hkv, B * count, size, hd]
         window = gathered.view(pages.shape[0], batch, count * size, -1).transpose(0, 1)  # [B, Hkv, W, hd]
         return window[:, :, : self._window]
+
+    def _run(self, pages: Tensor) -> Tensor:
+        """A lone row's consecutive blocks as one view `[Hkv, blocks * block_size, hd]` of `pages`."""
+        assert self._run_start is not None
+        return pages[:, self._run_start : self._run_start + len(self.rows[0].blocks)].flatten(1, 2)
 
     def advance(
         self, tokens: Tensor, table_keys: Sequence[Hashable], counts: Sequence[int] | None = None

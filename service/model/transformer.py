@@ -8,7 +8,8 @@ Llama-family weights load by renaming keys alone. Everything positional is deleg
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
+from typing import TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,28 @@ from service.model.positional import PositionalEncoding, PositionalInputs
 from service.model.relative_attention import relative_attention_layer
 
 ScalingArg = RopeScaling | Sequence[RopeScaling] | None
+Result = TypeVar("Result")
+# A pass a layer at a time: every `next()` runs one layer; the last one returns the result.
+Stages = Generator[None, None, Result]
+
+
+def run_stages(stages: Stages[Result]) -> Result:
+    """The whole pass at once."""
+    while True:
+        try:
+            next(stages)
+        except StopIteration as done:
+            return cast(Result, done.value)
+
+
+def run_layers(stages: Stages[Result], layers: int) -> Result | None:
+    """The next `layers` layers of a pass: its result if they completed it, else None."""
+    for _ in range(layers):
+        try:
+            next(stages)
+        except StopIteration as done:
+            return cast(Result, done.value)
+    return None
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -162,8 +185,29 @@ class Transformer(nn.Module):
         whose table changed since their entries were cached are the caller's to refresh first
         (`service.model.refresh`); the model computes, the batch decides.
         """
+        stages = self.forward_stages(
+            tokens, scaling=scaling, cache=cache, last_n=last_n, table_lengths=table_lengths, counts=counts
+        )
+        return run_stages(stages)
+
+    def forward_stages(
+        self,
+        tokens: Tensor,
+        *,
+        scaling: ScalingArg = None,
+        cache: RowCache | None = None,
+        last_n: int | None = None,
+        table_lengths: Sequence[int] | None = None,
+        counts: Sequence[int] | None = None,
+    ) -> Stages[Tensor]:
+        """`forward` a layer at a time: each `next()` runs one layer, the last returns the logits.
+
+        An engine spreads one pass over several steps this way when a single layer group is all a
+        step may spend (a prompt chunk deep in a long context). The cache advances only when the
+        last layer is done, so a pass dropped half-way leaves it as it was.
+        """
         scalings = self._row_scalings(scaling, tokens.shape[0])
-        hidden = self._hidden(tokens, scalings, cache, table_lengths, counts)  # [B, T, D]
+        hidden = yield from self._hidden(tokens, scalings, cache, table_lengths, counts)  # [B, T, D]
         if counts is not None:
             last = torch.tensor(list(counts), device=tokens.device) - 1
             hidden = hidden[torch.arange(tokens.shape[0], device=tokens.device), last][:, None]
@@ -186,8 +230,21 @@ class Transformer(nn.Module):
 
         For callers that project positions in chunks (scoring long inputs against a large vocabulary).
         """
+        return run_stages(
+            self.final_hidden_stages(tokens, scaling=scaling, cache=cache, table_lengths=table_lengths)
+        )
+
+    def final_hidden_stages(
+        self,
+        tokens: Tensor,
+        *,
+        scaling: ScalingArg = None,
+        cache: RowCache | None = None,
+        table_lengths: Sequence[int] | None = None,
+    ) -> Stages[Tensor]:
+        """`final_hidden` a layer at a time, as `forward_stages` is `forward`."""
         scalings = self._row_scalings(scaling, tokens.shape[0])
-        hidden: Tensor = self.norm(self._hidden(tokens, scalings, cache, table_lengths))
+        hidden: Tensor = self.norm((yield from self._hidden(tokens, scalings, cache, table_lengths)))
         if cache is not None:
             self._advance(cache, tokens, scalings, table_lengths)
         return hidden
@@ -211,8 +268,10 @@ class Transformer(nn.Module):
         cache: RowCache | None,
         table_lengths: Sequence[int] | None,
         counts: Sequence[int] | None = None,
-    ) -> Tensor:
-        """The layers' output before the final norm; writes the new entries into `cache`."""
+    ) -> Stages[Tensor]:
+        """The layers' output before the final norm; writes the new entries into `cache`.
+
+        A generator that pauses between layers (see `forward_stages`)."""
         batch, length = tokens.shape
         hidden: Tensor = self.embed_tokens(tokens) * self.config.embedding_scale  # [B, T, D]
         past_lengths = cache.lengths if cache is not None else [0] * batch
@@ -230,6 +289,8 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.reserve(length)
         for index, layer in enumerate(self.layers):
+            if index:
+                yield
             hidden = layer(hidden, positions, cache, index)
         return hidden  # [B, T, D]
 

@@ -6,7 +6,7 @@ import torch
 
 from service.model.config import ModelConfig
 from service.model.kv_cache import KVCache
-from service.model.paged_cache import PagedKVCache, PagedRows
+from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows
 from service.model.transformer import Transformer
 from tests.conftest import TINY_CONFIG
 
@@ -73,3 +73,25 @@ def test_a_padded_chunk_reaching_past_every_rows_blocks_still_gets_its_whole_win
     keys, values = rows.write(0, new, new)
     assert keys.shape[2] == values.shape[2] == 22
     assert torch.equal(keys[1, :, :12], new[1])  # row 1's own entries, in its own block
+
+
+@torch.inference_mode()
+def test_a_lone_row_on_consecutive_blocks_reads_a_view_and_computes_what_scattered_blocks_do() -> None:
+    """Two copies of one sequence, one on a run of blocks (read in place), one on blocks out of
+    order (gathered): prompt chunks and decode steps give the same logits, and the run's window
+    is the pool's own memory."""
+    torch.manual_seed(0)
+    model = Transformer(CONFIG).eval()
+    pool = PagedKVCache(CONFIG, 12, device=torch.device("cpu"), dtype=torch.float32)
+    consecutive = PagedRows(pool, [pool.allocate(40)])
+    assert consecutive.rows[0].blocks == [1, 2, 3]
+    scattered = PagedRows(pool, [PagedRow([9, 6, 11])])  # blocks the pool has not handed out
+    tokens = torch.randint(0, 258, (1, 37))
+    for chunk in (tokens[:, :20], tokens[:, 20:35], tokens[:, 35:36], tokens[:, 36:]):
+        on_run, gathered = model(chunk, cache=consecutive), model(chunk, cache=scattered)
+        assert torch.allclose(on_run, gathered, atol=1e-6)
+    assert torch.equal(pool.keys[0][:, 1:3], pool.keys[0][:, [9, 6]])  # the same entries, in place
+    consecutive.reserve(1)
+    new = torch.zeros(1, CONFIG.n_kv_heads, 1, CONFIG.head_dim)
+    keys, _ = consecutive.write(0, new, new)
+    assert keys.untyped_storage().data_ptr() == pool.keys[0].untyped_storage().data_ptr()

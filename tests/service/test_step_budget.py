@@ -1,8 +1,9 @@
-"""`StepBudget`: how much prompt and scoring work a step may do, from the time its parts took.
+"""`StepBudget` and `plan_chunk`: how much prompt and scoring work a step may do.
 
-The rule is checked with given timings (tests never depend on the machine's speed), then on a real
-core: with a time rule that allows almost nothing, long prompts beside a stream still advance and
-generate what they generate read in one pass.
+The rules are checked with given timings (tests never depend on the machine's speed), then on a
+real core: with a time rule that allows almost nothing, chunks are spread over steps a layer at a
+time, and long prompts and documents beside a stream still give what one pass gives, also when a
+row of a spread chunk is cancelled half-way.
 """
 
 from __future__ import annotations
@@ -12,11 +13,25 @@ from pathlib import Path
 
 import pytest
 
-from service.engine.budget import IDLE_BUDGET_FACTOR, MIN_STEP_UNITS, StepBudget
+from service.engine.budget import (
+    IDLE_BUDGET_FACTOR,
+    MIN_CHUNK_UNITS,
+    StepBudget,
+    chunk_cost,
+    chunk_width,
+    plan_chunk,
+)
 from service.engine.catalog import ModelCatalog
 from service.engine.core import EngineCore, Job
 from service.engine.engine import load_models
-from service.engine.types import GenerationRequest, GenerationResult, SamplingParams
+from service.engine.errors import EngineError
+from service.engine.types import (
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    ScoreRequest,
+    ScoreResult,
+)
 from tests.conftest import TinyCheckpointFactory
 
 
@@ -56,43 +71,122 @@ def test_the_speed_estimate_follows_recent_chunks_that_filled_their_allowance() 
     assert budget.seconds_per_unit == pytest.approx(0.0003125)
 
 
-def test_a_step_always_advances_prompts_by_a_few_units() -> None:
+def test_a_slow_chunk_leaves_a_step_at_least_one_unit() -> None:
     budget = StepBudget(192, 3.0)
     budget.observe(20, 1.0, allowance=20)
-    assert budget.allowance(0.001, streaming=True) == MIN_STEP_UNITS
-    assert StepBudget(8, 3.0).allowance(0.001, streaming=True) == 8  # never above the token budget
+    assert budget.allowance(0.001, streaming=True) == 1
+    assert StepBudget(8, 3.0).allowance(10.0, streaming=True) == 8  # never above the token budget
+
+
+def test_a_chunk_within_the_allowance_runs_every_layer_in_one_step() -> None:
+    plan = plan_chunk(192, rows=2, past=0, remaining=500, layers=4)
+    assert plan.layers_per_step == 4 and plan.cost_per_step == plan.cost <= 192
+    assert plan_chunk(192, rows=1, past=0, remaining=5, layers=4).width == 5  # no wider than the prompt
+
+
+def test_below_the_smallest_chunk_the_pass_is_spread_over_steps() -> None:
+    """Deep in a long context the smallest chunk costs more than the allowance: its layers are
+    shared out so that each step takes about the allowance."""
+    plan = plan_chunk(5, rows=1, past=3800, remaining=200, layers=4)
+    assert plan.width == chunk_width(MIN_CHUNK_UNITS, 1, 3800) and plan.cost == chunk_cost(
+        1, plan.width, 3800
+    )
+    assert plan.layers_per_step == 1 and plan.cost_per_step == -(-plan.cost // 4)
+    assert plan_chunk(1, rows=1, past=3800, remaining=200, layers=4).layers_per_step == 1  # never below one
+    assert plan_chunk(9, rows=1, past=3800, remaining=200, layers=4).layers_per_step == 2
 
 
 def test_slowdown_zero_is_the_token_budget_alone() -> None:
     assert timed_budget(64, 0.0).allowance(0.001, streaming=True) == 64
 
 
-def test_prompts_read_under_a_tight_time_rule_generate_what_one_pass_does(
-    make_tiny_checkpoint: TinyCheckpointFactory,
-) -> None:
-    """A stream decodes while two long prompts are read a few units per step: they finish, and
-    every request's tokens are those of a core that read each prompt in one pass."""
-    directory: Path = make_tiny_checkpoint("rope", name="budgeted", native_context=16)
+def tight_and_whole_runs(
+    directory: Path, jobs: list[GenerationRequest | ScoreRequest], cancel_at: tuple[int, int] | None = None
+) -> tuple[dict[int, object], dict[int, object], dict[int, int], dict[int, int]]:
+    """Every job's final item on a core with a time rule that allows one unit a step, and on one that
+    reads every prompt in one pass; and the step at which each job ended, in each. Job 0 (a
+    stream) starts first, the others one step apart; `cancel_at` = (job, step) cancels that job
+    at that step of the tight run."""
     models = load_models([directory], device="cpu", dtype="float32")
     catalog = ModelCatalog([served.spec for served in models])
-    prompts = [(256, 1, 2, 3), tuple(range(120)), tuple((5 * i) % 256 for i in range(200))]
 
-    def generate(core: EngineCore) -> tuple[dict[int, tuple[int, ...]], int]:
-        for key, prompt in enumerate(prompts):
-            sampling = SamplingParams(max_new_tokens=12, temperature=0.0)
-            job = GenerationRequest(f"r{key}", "budgeted", prompt, sampling, stream=True)
-            core.add(Job(key, job, catalog.validate(job), time.perf_counter()))
-            core.step()  # the first prompt decodes before the long ones arrive
-        results: dict[int, tuple[int, ...]] = {}
-        steps = len(prompts)
-        while core.has_work():
-            results.update(
-                (key, item.tokens) for key, item in core.step().events if isinstance(item, GenerationResult)
-            )
+    def run(core: EngineCore, cancel: tuple[int, int] | None) -> tuple[dict[int, object], dict[int, int]]:
+        finals: dict[int, object] = {}
+        ended: dict[int, int] = {}
+        steps = 0
+        while steps < len(jobs) or core.has_work():
+            if steps < len(jobs):
+                core.add(Job(steps, jobs[steps], catalog.validate(jobs[steps]), time.perf_counter()))
+            if cancel is not None and steps == cancel[1]:
+                core.cancel(cancel[0])
+            for key, item in core.step().events:
+                if isinstance(item, GenerationResult | ScoreResult | EngineError):
+                    finals[key], ended[key] = item, steps
             steps += 1
-        return results, steps
+        return finals, ended
 
-    tight, tight_steps = generate(EngineCore(models, step_token_budget=192, prefill_slowdown=1e-9))
-    whole, whole_steps = generate(EngineCore(models, step_token_budget=4096, prefill_slowdown=0.0))
-    assert tight == whole and len(tight) == len(prompts)
-    assert tight_steps > whole_steps + 10  # the long prompts took many steps of MIN_STEP_UNITS each
+    tight, tight_ended = run(EngineCore(models, step_token_budget=192, prefill_slowdown=1e-9), cancel_at)
+    whole, whole_ended = run(EngineCore(models, step_token_budget=4096, prefill_slowdown=0.0), None)
+    return tight, whole, tight_ended, whole_ended
+
+
+def generation(key: int, prompt: tuple[int, ...], *, stream: bool = False) -> GenerationRequest:
+    """A stream runs long (the time rule applies while it decodes); the others are short."""
+    sampling = SamplingParams(max_new_tokens=100 if stream else 12, temperature=0.0, logprobs=True)
+    return GenerationRequest(f"r{key}", "budgeted", prompt, sampling, stream=stream)
+
+
+LONG_PROMPTS = [tuple(range(120)), tuple((5 * i) % 256 for i in range(200))]
+
+
+@pytest.fixture(scope="module")
+def four_layers(make_tiny_checkpoint: TinyCheckpointFactory) -> Path:
+    directory: Path = make_tiny_checkpoint("rope", name="budgeted", native_context=16, n_layers=4)
+    return directory
+
+
+def assert_same_generations(first: object, second: object) -> None:
+    assert isinstance(first, GenerationResult) and isinstance(second, GenerationResult)
+    assert first.tokens == second.tokens
+    assert first.logprobs is not None and second.logprobs is not None
+    assert max(abs(a - b) for a, b in zip(first.logprobs, second.logprobs, strict=True)) <= 1e-4
+
+
+def test_prompts_spread_over_steps_beside_a_stream_generate_what_one_pass_does(four_layers: Path) -> None:
+    jobs: list[GenerationRequest | ScoreRequest] = [
+        generation(0, (256, 1, 2, 3), stream=True),
+        *(generation(key, prompt) for key, prompt in enumerate(LONG_PROMPTS, 1)),
+    ]
+    tight, whole, tight_ended, whole_ended = tight_and_whole_runs(four_layers, jobs)
+    assert set(tight) == set(whole) == {0, 1, 2}
+    for key in tight:
+        assert_same_generations(tight[key], whole[key])
+    # Read in one pass, the long prompts end 12 steps after they arrive; spread, a layer of a
+    # smallest chunk per step, they take dozens of steps.
+    assert whole_ended[2] <= 2 + 13 and tight_ended[2] > whole_ended[2] + 40
+
+
+def test_a_document_spread_over_steps_scores_what_one_pass_does(four_layers: Path) -> None:
+    document = ScoreRequest("doc", "budgeted", tuple((3 * i) % 256 for i in range(150)))
+    tight, whole, _, _ = tight_and_whole_runs(four_layers, [generation(0, (256, 7), stream=True), document])
+    spread, reference = tight[1], whole[1]
+    assert isinstance(spread, ScoreResult) and isinstance(reference, ScoreResult)
+    assert spread.token_logprobs[0] is None and reference.token_logprobs[0] is None
+    pairs = zip(spread.token_logprobs[1:], reference.token_logprobs[1:], strict=True)
+    assert max(abs(a - b) for a, b in pairs if a is not None and b is not None) <= 1e-4
+    assert_same_generations(tight[0], whole[0])
+
+
+def test_cancelling_a_row_of_a_spread_chunk_leaves_the_other_rows_exact(four_layers: Path) -> None:
+    """After a short prompt has timed the chunks, two long prompts share spread chunks; one is
+    cancelled half-way through a chunk (its blocks go back to the pool), and the other then
+    generates exactly what it does alone."""
+    jobs: list[GenerationRequest | ScoreRequest] = [
+        generation(0, (256, 1, 2, 3), stream=True),
+        generation(1, tuple(range(1, 110))),
+        *(generation(key, prompt) for key, prompt in enumerate(LONG_PROMPTS, 2)),
+    ]
+    tight, whole, _, _ = tight_and_whole_runs(four_layers, jobs, cancel_at=(2, 10))
+    assert isinstance(tight[2], GenerationResult) and tight[2].finish_reason == "cancelled"
+    for key in (0, 1, 3):
+        assert_same_generations(tight[key], whole[key])
