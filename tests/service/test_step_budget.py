@@ -9,9 +9,12 @@ row of a spread chunk is cancelled half-way.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from torch import Tensor
 
 from service.engine.budget import (
     IDLE_BUDGET_FACTOR,
@@ -32,6 +35,7 @@ from service.engine.types import (
     ScoreRequest,
     ScoreResult,
 )
+from service.model.transformer import Stages, Transformer
 from tests.conftest import TinyCheckpointFactory
 
 
@@ -101,13 +105,19 @@ def test_slowdown_zero_is_the_token_budget_alone() -> None:
 
 
 def tight_and_whole_runs(
-    directory: Path, jobs: list[GenerationRequest | ScoreRequest], cancel_at: tuple[int, int] | None = None
+    directory: Path,
+    jobs: list[GenerationRequest | ScoreRequest],
+    cancel_at: tuple[int, int] | None = None,
+    prepare: Callable[[Transformer], None] | None = None,
 ) -> tuple[dict[int, object], dict[int, object], dict[int, int], dict[int, int]]:
     """Every job's final item on a core with a time rule that allows one unit a step, and on one that
     reads every prompt in one pass; and the step at which each job ended, in each. Job 0 (a
     stream) starts first, the others one step apart; `cancel_at` = (job, step) cancels that job
-    at that step of the tight run."""
+    at that step of the tight run; `prepare` is applied to the tight run's model."""
     models = load_models([directory], device="cpu", dtype="float32")
+    reference = load_models([directory], device="cpu", dtype="float32")
+    if prepare is not None:
+        prepare(models[0].model)
     catalog = ModelCatalog([served.spec for served in models])
 
     def run(core: EngineCore, cancel: tuple[int, int] | None) -> tuple[dict[int, object], dict[int, int]]:
@@ -126,7 +136,7 @@ def tight_and_whole_runs(
         return finals, ended
 
     tight, tight_ended = run(EngineCore(models, step_token_budget=192, prefill_slowdown=1e-9), cancel_at)
-    whole, whole_ended = run(EngineCore(models, step_token_budget=4096, prefill_slowdown=0.0), None)
+    whole, whole_ended = run(EngineCore(reference, step_token_budget=4096, prefill_slowdown=0.0), None)
     return tight, whole, tight_ended, whole_ended
 
 
@@ -189,4 +199,40 @@ def test_cancelling_a_row_of_a_spread_chunk_leaves_the_other_rows_exact(four_lay
     tight, whole, _, _ = tight_and_whole_runs(four_layers, jobs, cancel_at=(2, 10))
     assert isinstance(tight[2], GenerationResult) and tight[2].finish_reason == "cancelled"
     for key in (0, 1, 3):
+        assert_same_generations(tight[key], whole[key])
+
+
+def test_a_fault_half_way_through_a_spread_chunk_reruns_its_rows_alone_and_they_stay_exact(
+    four_layers: Path,
+) -> None:
+    """Every chunk two prompts share raises after its first layer, as a kernel failure would: the
+    rows are rerun alone from their untouched caches and generate what they do in one pass."""
+    jobs: list[GenerationRequest | ScoreRequest] = [
+        generation(0, (256, 1, 2, 3), stream=True),
+        generation(1, tuple(range(1, 110))),
+        *(generation(key, prompt) for key, prompt in enumerate(LONG_PROMPTS, 2)),
+    ]
+    faults: list[int] = []
+
+    def plant(model: Transformer) -> None:
+        original = model.forward_stages
+
+        def faulty(tokens: Tensor, **options: Any) -> Stages[Tensor]:
+            stages = original(tokens, **options)
+            if tokens.shape[0] < 2 or tokens.shape[1] < 2:  # only chunks of several rows
+                return stages
+
+            def failing() -> Stages[Tensor]:
+                next(stages)  # the first layer runs and writes its entries
+                yield
+                faults.append(tokens.shape[0])
+                raise RuntimeError("planted fault")
+
+            return failing()
+
+        model.forward_stages = faulty  # type: ignore[method-assign]
+
+    tight, whole, _, _ = tight_and_whole_runs(four_layers, jobs, prepare=plant)
+    assert faults and set(faults) == {2}
+    for key in range(4):
         assert_same_generations(tight[key], whole[key])
