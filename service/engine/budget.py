@@ -15,8 +15,9 @@ within 3 (the serving bench's longest gap with a 4,000-token prompt or document 
 from 4.3-5.6x the streams' p99 gap to 3.2-4.2x; with 3 it was 3.8-5.1x). Where even the smallest
 chunk (`MIN_CHUNK_UNITS`) costs more than the allowance, as a few tokens deep in a long context
 do, `plan_chunk` spreads its pass over steps, a few layers each. A row that does not stream sees
-no gap, only its total time, which big chunks shorten: with no stream decoding, the token budget
-alone applies (the time rule made the bench's 64 non-streamed requests 22-33% slower in-process).
+no gap, only its total time, which big chunks shorten: with no stream decoding, neither the time
+rule (it made the bench's 64 non-streamed requests 22-33% slower in-process) nor the token budget
+applies, only `IDLE_BUDGET_FACTOR` times it.
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ ATTENTION_SPAN = 1024
 DEFAULT_STEP_TOKEN_BUDGET = 192
 # A step's chunks may take this many times its decode pass (`--prefill-slowdown`; 0: no time rule).
 DEFAULT_PREFILL_SLOWDOWN = 2.0
-# With no row decoding nobody waits for the step: it may take this many times the token budget
-# (a burst of requests then starts in a step or two).
+# With no row streaming its tokens, nobody watches the gaps between them, only total times, which
+# wider chunks shorten: a step may take this many times the token budget (a burst of requests then
+# starts in a step or two; in-process, the serving bench's 64 non-streamed requests finished in
+# 21.7-21.9 s instead of 27.5-32.0 s with the token budget, and 64 short ones arriving 1 ms apart
+# ran 5-10% faster).
 IDLE_BUDGET_FACTOR = 8
 # The smallest chunk a step plans, in units. A step allowed less runs such a chunk a few layers at a
 # time over several steps (`ChunkPlan.layers_per_step`): deep in a long context even a few tokens
@@ -82,7 +86,7 @@ class StepBudget:
     """The units each step's chunks may spend, learning from the time chunks took.
 
     The estimate is seconds per unit, smoothed over recent chunks; until a chunk was timed, or with
-    `slowdown` 0, a decoding step spends the token budget.
+    `slowdown` 0, a step beside a stream spends the token budget.
     """
 
     def __init__(self, tokens: int, slowdown: float) -> None:
@@ -93,9 +97,9 @@ class StepBudget:
     def allowance(self, decode_seconds: float | None, *, streaming: bool) -> int:
         """Units for this step's chunks; `decode_seconds` is its decode pass, None when none ran,
         and `streaming` whether a row of that pass streams its tokens."""
-        if decode_seconds is None:
+        if decode_seconds is None or not streaming:
             return self.tokens * IDLE_BUDGET_FACTOR
-        if not streaming or not self.slowdown or self.seconds_per_unit is None:
+        if not self.slowdown or self.seconds_per_unit is None:
             return self.tokens
         timed = int(self.slowdown * decode_seconds / self.seconds_per_unit)
         return max(1, min(self.tokens, timed))

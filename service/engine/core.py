@@ -5,7 +5,7 @@ A step (1) drops cancelled requests, (2) admits waiting ones while their model's
 (4) spends the step's budget (`service.engine.budget.StepBudget`: the token budget, held to a
 multiple of the decode pass's time; decode rows do not count against it) on prompt chunks and
 scoring chunks, taking the candidates round-robin so that one long document cannot starve another
-model's prompts. With no row decoding, nobody waits for the step, and the budget is wider. Whatever
+model's prompts. With no row streaming, nobody watches the gaps, and the budget is wider. Whatever
 the step produced for every request comes back as one `StepOutput`: the in-process engine hands it
 to its handles, the engine process sends it to the API process in one message.
 

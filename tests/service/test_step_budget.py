@@ -60,9 +60,9 @@ def test_beside_a_stream_chunks_are_held_to_the_slowdown_times_the_decode_pass()
     assert budget.allowance(0.016, streaming=True) == 192  # 48 ms would fit 384: the token budget caps it
 
 
-def test_with_no_stream_decoding_the_token_budget_alone_applies() -> None:
-    """Nobody watches the gaps of a non-streamed request; bigger chunks shorten its total time."""
-    assert timed_budget().allowance(0.004, streaming=False) == 192
+def test_with_no_stream_decoding_a_step_may_spend_the_idle_budget() -> None:
+    """Nobody watches the gaps of a non-streamed request; wider chunks shorten its total time."""
+    assert timed_budget().allowance(0.004, streaming=False) == 192 * IDLE_BUDGET_FACTOR
 
 
 def test_the_speed_estimate_follows_recent_chunks_that_filled_their_allowance() -> None:
