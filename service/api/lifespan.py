@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from service.api.state import Phase, ServiceState
 from service.engine.errors import ModelLoadError
 from service.engine.types import Engine, ScoreRequest, ScoreResult
+from service.startup_heap import freeze_startup_objects
 
 logger = logging.getLogger("service.api.lifespan")
 
@@ -58,6 +59,7 @@ async def start_engine(state: ServiceState, build: EngineFactory, *, warm: bool)
         engine.start()
         if warm:
             await warm_up(engine)
+        freeze_startup_objects()
     except ModelLoadError as error:
         logger.error("model loading failed: %s", error)
         state.phase = Phase.FAILED

@@ -88,6 +88,11 @@ def test_a_killed_engine_fails_its_requests_at_once_and_is_restarted(tiny_zoo: l
         assert "process_resident_memory_bytes" in metrics.replace("pe_engine_process_resident", "")
         assert "pe_cache_hits_total" in metrics
         assert server.process.poll() is None
+        records = [json.loads(line) for line in server.logs().splitlines() if line.startswith("{")]
+        frozen = [record for record in records if record.get("message") == "froze the start-up objects"]
+        pids = {server.process.pid, first_engine, engine_pid(server)}
+        assert {record["pid"] for record in frozen} == pids, "the API process and both engines froze theirs"
+        assert all(record["objects"] > 10_000 for record in frozen)
 
 
 def test_an_engine_that_cannot_come_back_makes_the_server_exit_non_zero(
