@@ -153,8 +153,8 @@ class PagedRows:
         self._window = 0
         # A lone row whose blocks follow each other in the pool (the usual case: the free list
         # hands out runs) has its window as a view of the pool, with nothing to gather.
-        blocks = self.rows[0].blocks
-        consecutive = len(self.rows) == 1 and blocks == list(range(blocks[0], blocks[0] + len(blocks)))
+        blocks = self.rows[0].blocks if len(self.rows) == 1 else []
+        consecutive = bool(blocks) and blocks == list(range(blocks[0], blocks[0] + len(blocks)))
         self._run_start = blocks[0] if consecutive else None
 
     @property
@@ -194,7 +194,7 @@ class PagedRows:
         """
         assert self._write is not None, "reserve() first"
         pages = self.pool.keys[layer], self.pool.values[layer]
-        if self._run_start is not None and self._window <= len(self.rows[0].blocks) * self.pool.block_size:
+        if self._window_is_run:
             start = self.rows[0].length
             for pool_pages, new in zip(pages, (keys, values), strict=True):
                 self._run(pool_pages)[:, start : self._window] = new[0]  # [Hkv, T, hd]
@@ -216,16 +216,20 @@ class PagedRows:
         return table.new_empty(table.shape).copy_(table)
 
     def _gather(self, pages: Tensor) -> Tensor:
-        size = self.pool.block_size
-        count = math.ceil(self._window / size)
-        if self._run_start is not None and count <= len(self.rows[0].blocks):
+        if self._window_is_run:
             return self._run(pages)[None, :, : self._window]  # [1, Hkv, W, hd]
-        table = self.window_blocks(count)
+        size = self.pool.block_size
+        table = self.window_blocks(math.ceil(self._window / size))
         batch, count = table.shape
         # index_select copies whole blocks; advanced indexing with a 2-d index is several times slower
         gathered = pages.index_select(1, table.flatten())  # [Hkv, B * count, size, hd]
         window = gathered.view(pages.shape[0], batch, count * size, -1).transpose(0, 1)  # [B, Hkv, W, hd]
         return window[:, :, : self._window]
+
+    @property
+    def _window_is_run(self) -> bool:
+        """Whether the window lies within a lone row's consecutive blocks (a view, no gather)."""
+        return self._run_start is not None and self._window <= len(self.rows[0].blocks) * self.pool.block_size
 
     def _run(self, pages: Tensor) -> Tensor:
         """A lone row's consecutive blocks as one view `[Hkv, blocks * block_size, hd]` of `pages`."""

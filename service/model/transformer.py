@@ -30,11 +30,9 @@ Stages = Generator[None, None, Result]
 
 def run_stages(stages: Stages[Result]) -> Result:
     """The whole pass at once."""
-    while True:
-        try:
-            next(stages)
-        except StopIteration as done:
-            return cast(Result, done.value)
+    while (result := run_layers(stages, 1)) is None:
+        pass
+    return result
 
 
 def run_layers(stages: Stages[Result], layers: int) -> Result | None:
