@@ -8,9 +8,9 @@ on the batch size and the window (a power of two of blocks), so `torch.compile` 
 per window bucket and replays it for every step of that shape. The model's weights are arguments
 too, not constants, so every model with the same architecture and scheme shares the compiled code.
 
-Attention is written as products and sums over the gathered blocks rather than through
-`scaled_dot_product_attention`: for one query per row that is what the compiler fuses best (the
-block gather folds into the reductions), and SDPA's CPU kernel is slow for a single query.
+Attention comes from `service.model.kernels.paged_attention`: on a CPU in float32, a C kernel
+that reads each row's own keys (an opaque op to the compiler); elsewhere its torch reference,
+which the compiler fuses over the whole window.
 
 The math is the eager model's (`service.model.transformer`) step for step, with the query, key
 and value projections fused into one matrix product and the gate and up projections into another.
@@ -26,6 +26,7 @@ from torch import Tensor
 
 from pe_runtime.rope import apply_rope
 from service.model.config import RopeLayout, Scheme
+from service.model.kernels.paged_attention import paged_decode_attention, reference_paged_decode_attention
 from service.model.transformer import Block, Transformer, rms_norm
 
 
@@ -40,6 +41,7 @@ class StepShape(NamedTuple):
     embedding_scale: float
     rope_layout: RopeLayout
     block_size: int
+    paged_kernel: bool  # attention by `service.model.kernels.paged_attention` (CPU, float32)
 
 
 class LayerWeights(NamedTuple):
@@ -74,7 +76,7 @@ class StepInputs(NamedTuple):
     t5_buckets: Tensor | None  # [2 W - 1], the bucket of key k for query q at k - q + W - 1
 
 
-def step_shape(model: Transformer, block_size: int) -> StepShape:
+def step_shape(model: Transformer, block_size: int, *, paged_kernel: bool) -> StepShape:
     config = model.config
     return StepShape(
         pe=config.pe,
@@ -85,6 +87,7 @@ def step_shape(model: Transformer, block_size: int) -> StepShape:
         embedding_scale=config.embedding_scale,
         rope_layout=config.rope_layout,
         block_size=block_size,
+        paged_kernel=paged_kernel,
     )
 
 
@@ -137,9 +140,9 @@ def decode_one_token(
             inputs.rope_cos[inputs.table_index, positions][:, None],  # [B, 1, rotary_dim]
             inputs.rope_sin[inputs.table_index, positions][:, None],
         )
-    bias = _attention_bias(shape, weights, inputs, window)  # [B, H | 1, W] float32
-    write_blocks = inputs.window_blocks.gather(1, (positions // shape.block_size)[:, None])[:, 0]
-    write_offsets = positions % shape.block_size
+    distance = torch.arange(window, device=positions.device)[None, :] - positions[:, None]  # [B, W], k - q
+    bias = _scheme_bias(weights, inputs, distance, window)  # [B, H, W] float32, or None
+    attend = paged_decode_attention if shape.paged_kernel else reference_paged_decode_attention
     for layer, keys_pages, values_pages in zip(weights.layers, key_pages, value_pages, strict=True):
         normed = rms_norm(hidden, layer.attn_norm, shape.norm_eps)
         qkv = F.linear(normed, layer.qkv, layer.qkv_bias)
@@ -149,9 +152,8 @@ def decode_one_token(
         if rope is not None:
             queries = apply_rope(queries, *rope, layout=shape.rope_layout)
             keys = apply_rope(keys, *rope, layout=shape.rope_layout)
-        keys_pages[:, write_blocks, write_offsets] = keys.transpose(0, 1)  # [Hkv, B, hd]
-        values_pages[:, write_blocks, write_offsets] = values.transpose(0, 1)
-        attended = _attend(shape, queries, _window(keys_pages, inputs), _window(values_pages, inputs), bias)
+        pages = (keys_pages, values_pages, inputs.window_blocks, positions)
+        attended = attend(queries, keys, values, *pages, bias, head_dim**-0.5).view(batch, -1)  # [B, H * hd]
         hidden = hidden + F.linear(attended.to(hidden.dtype), layer.o_proj)
         normed = rms_norm(hidden, layer.mlp_norm, shape.norm_eps)
         gate, up = F.linear(normed, layer.gate_up).chunk(2, dim=-1)
@@ -160,38 +162,11 @@ def decode_one_token(
     return logits.float()
 
 
-def _window(pages: Tensor, inputs: StepInputs) -> Tensor:
-    """[B, Hkv, W, hd]: each row's blocks side by side."""
-    batch, count = inputs.window_blocks.shape
-    gathered = pages[:, inputs.window_blocks]  # [Hkv, B, nb, block, hd]
-    return gathered.view(pages.shape[0], batch, count * pages.shape[2], -1).transpose(0, 1)
-
-
-def _attend(shape: StepShape, queries: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
-    """One query per row over its window: [B, H, hd] x [B, Hkv, W, hd] -> [B, H * hd] (float32).
-
-    Query heads are grouped over their key/value head (grouped-query attention) by a view.
-    """
-    batch, kv_heads, window, head_dim = keys.shape
-    group = shape.n_heads // kv_heads
-    grouped = queries.float().view(batch, kv_heads, group, 1, head_dim)
-    scores = (grouped * keys.float()[:, :, None]).sum(-1) * head_dim**-0.5  # [B, Hkv, G, W]
-    # bias [B, H | 1, W] -> broadcastable against [B, Hkv, G, W]
-    per_head = bias[:, :, None] if bias.shape[1] == 1 else bias.view(batch, kv_heads, group, window)
-    scores = scores + per_head
-    weights = torch.softmax(scores, dim=-1)
-    attended = (weights[..., None] * values.float()[:, :, None]).sum(-2)  # [B, Hkv, G, hd]
-    return attended.reshape(batch, -1)
-
-
-def _attention_bias(shape: StepShape, weights: StepWeights, inputs: StepInputs, window: int) -> Tensor:
-    """The causal mask plus the scheme's bias, float32 [B, H, W] (or [B, 1, W] with no bias)."""
-    key_positions = torch.arange(window, device=inputs.positions.device)
-    distance = key_positions[None, :] - inputs.positions[:, None]  # [B, W], k - q
-    blocked = torch.where(distance <= 0, 0.0, float("-inf"))[:, None]  # [B, 1, W]
+def _scheme_bias(weights: StepWeights, inputs: StepInputs, distance: Tensor, window: int) -> Tensor | None:
+    """The scheme's bias on the scores, float32 [B, H, W]; None where it has none (RoPE, NoPE)."""
     if inputs.alibi_slopes is not None:
-        return blocked + inputs.alibi_slopes[None, :, None] * distance[:, None].float()
+        return inputs.alibi_slopes[None, :, None] * distance[:, None].float()
     if inputs.t5_buckets is not None and weights.t5_table is not None:
         buckets = inputs.t5_buckets[distance + window - 1]  # [B, W]
-        return blocked + weights.t5_table[buckets].permute(0, 2, 1).float()
-    return blocked
+        return weights.t5_table[buckets].permute(0, 2, 1).float()
+    return None

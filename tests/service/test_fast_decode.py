@@ -20,6 +20,7 @@ from service.engine.core import DecodeSettings
 from service.engine.engine import InferenceEngine, load_models
 from service.engine.types import GenerationRequest, GenerationResult, SamplingParams
 from service.model.fast_decode import FastDecoder
+from service.model.kernels import paged_attention
 from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows
 from service.model.refresh import recompute_row, stale_rows
 from service.model.transformer import Transformer
@@ -28,6 +29,8 @@ from tests.conftest import TINY_CONFIG, TinyCheckpointFactory, rope_scalings, ti
 NATIVE = 16
 TOLERANCE = 1e-4
 SCALINGS = rope_scalings(NATIVE, rotary_dim=TINY_CONFIG["d_model"] // TINY_CONFIG["n_heads"])
+WIDE_HEAD = 16  # the kernel's vector path takes heads a multiple of 16 wide
+WIDE_SCALINGS = rope_scalings(NATIVE, rotary_dim=WIDE_HEAD)  # LongRoPE's factors follow the head
 LINEAR = RopeScaling(type="linear", factor=4.0)
 NONE = RopeScaling()
 PROMPTS = (3, 20, 41, 58)  # the longest crosses position 64 (a second window bucket) in 8 steps
@@ -108,12 +111,24 @@ def decode_and_compare(model: Transformer, decoder: FastDecoder, scalings: list[
     return worst
 
 
+@pytest.mark.parametrize("attention", ["torch", "kernel"])
 @pytest.mark.parametrize(
     ("overrides", "scalings"), [case[1:] for case in SCHEME_CASES], ids=[case[0] for case in SCHEME_CASES]
 )
-def test_reference_step_equals_the_full_pass(overrides: dict[str, Any], scalings: list[RopeScaling]) -> None:
-    model = tiny_transformer(native_context=overrides.pop("native_context", NATIVE), **overrides)
-    decoder = FastDecoder(model, pool_for(model), max_window=128, compile=False)
+def test_reference_step_equals_the_full_pass(
+    overrides: dict[str, Any], scalings: list[RopeScaling], attention: str
+) -> None:
+    """Both attentions of batches: the torch one and the C kernel (on its vector path: 16-wide heads)."""
+    overrides = dict(overrides)  # the case's own dict is shared by both attentions
+    kernel = attention == "kernel"
+    if kernel and not paged_attention.available():
+        pytest.skip("no C compiler builds the paged attention kernel here")
+    heads = {"head_dim_override": WIDE_HEAD} if kernel else {}
+    if kernel:
+        wide = {id(narrow): WIDE_SCALINGS[name] for name, narrow in SCALINGS.items()}
+        scalings = [wide.get(id(scaling), scaling) for scaling in scalings]
+    model = tiny_transformer(native_context=overrides.pop("native_context", NATIVE), **overrides, **heads)
+    decoder = FastDecoder(model, pool_for(model), max_window=128, compile=False, paged_kernel=kernel)
     assert decode_and_compare(model, decoder, scalings) < TOLERANCE
 
 

@@ -1,0 +1,135 @@
+"""The C decode-attention kernel against its torch reference, eagerly and inside a compiled graph.
+
+Rows sit at positions that end a block, start one, fill a window, or hold a single key; heads of
+8 take the scalar path, 32 and 64 the vector path (and 48 its generic width); groups of two query
+heads per key/value head check grouped-query indexing. Both sides write the new key and value
+into their own copy of the pool, which must come out equal.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from service.model.kernels import paged_attention
+from service.model.kernels.paged_attention import paged_decode_attention, reference_paged_decode_attention
+
+pytestmark = pytest.mark.skipif(
+    not paged_attention.available(), reason="no C compiler builds the paged attention kernel here"
+)
+
+BLOCK = 16
+POOL_BLOCKS = 40
+WINDOW_BLOCKS = 4
+POSITIONS = (0, 15, 16, 37, WINDOW_BLOCKS * BLOCK - 1)
+
+
+class Inputs(NamedTuple):
+    queries: torch.Tensor
+    new_keys: torch.Tensor
+    new_values: torch.Tensor
+    key_pages: torch.Tensor
+    value_pages: torch.Tensor
+    window_blocks: torch.Tensor
+    positions: torch.Tensor
+
+
+def case(head_dim: int, group: int, *, bias: bool, seed: int = 0) -> tuple[Inputs, torch.Tensor | None]:
+    """Inputs of one step: queries, new keys and values, pools, blocks, positions; and a bias."""
+    generator = torch.Generator().manual_seed(seed)
+    kv_heads, batch = 2, len(POSITIONS)
+    heads = kv_heads * group
+
+    def normal(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator)
+
+    pools = [normal(kv_heads, POOL_BLOCKS, BLOCK, head_dim) for _ in range(2)]
+    shuffled = torch.randperm(POOL_BLOCKS - 1, generator=generator) + 1  # never the scratch block
+    blocks = shuffled[: batch * WINDOW_BLOCKS].view(batch, -1)
+    queries, keys, values = (normal(batch, n, head_dim) for n in (heads, kv_heads, kv_heads))
+    inputs = Inputs(queries, keys, values, pools[0], pools[1], blocks, torch.tensor(POSITIONS))
+    scores_bias = normal(batch, heads, WINDOW_BLOCKS * BLOCK) if bias else None
+    return inputs, scores_bias
+
+
+def copied(inputs: Inputs) -> Inputs:
+    return Inputs(*(t.clone() for t in inputs))
+
+
+def both(inputs: Inputs, bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """Kernel output and pools, then the reference's, each on its own copy of the pools."""
+    ours, theirs = copied(inputs), copied(inputs)
+    scale = inputs.queries.shape[-1] ** -0.5
+    out = paged_decode_attention(*ours, bias, scale)
+    expected = reference_paged_decode_attention(*theirs, bias, scale)
+    return out, ours.key_pages, ours.value_pages, expected, theirs.key_pages, theirs.value_pages
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["causal", "biased"])
+@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize("head_dim", [8, 32, 48, 64])
+def test_the_kernel_equals_the_torch_reference(head_dim: int, group: int, bias: bool) -> None:
+    tensors, scores_bias = case(head_dim, group, bias=bias)
+    out, keys, values, expected, expected_keys, expected_values = both(tensors, scores_bias)
+    assert out.shape == expected.shape and out.dtype == torch.float32
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
+
+
+def test_strided_rows_of_a_fused_projection_are_read_in_place() -> None:
+    """Queries, keys and values arrive as slices of one [B, (H + 2 Hkv) * hd] product."""
+    inputs, _ = case(32, 1, bias=False)
+    fused = torch.cat([t.flatten(1) for t in inputs[:3]], dim=1)
+    width = inputs.queries.shape[1] * 32
+    views = [fused[:, :width], fused[:, width : 2 * width], fused[:, 2 * width :]]
+    queries, keys, values = (view.view(len(POSITIONS), -1, 32) for view in views)
+    assert not values.is_contiguous()
+    out, *_ = both(inputs._replace(queries=queries, new_keys=keys, new_values=values), None)
+    expected, *_ = both(inputs, None)
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+def test_compiled_graphs_write_the_pool_itself() -> None:
+    """The schema marks the pages as written: the compiler must hand over the pool, not a copy."""
+    inputs, _ = case(32, 2, bias=False, seed=1)
+    eager = copied(inputs)
+    expected = paged_decode_attention(*eager, None, 32**-0.5)
+
+    @torch.compile(fullgraph=True)
+    def step(inputs: Inputs) -> torch.Tensor:
+        queries = inputs.queries * 1.0  # computed in the graph, as in the decode step
+        return paged_decode_attention(queries, *inputs[1:], None, 32**-0.5) + 0.0
+
+    pools = inputs.key_pages, inputs.value_pages
+    pointers = [pool.data_ptr() for pool in pools]
+    with torch.inference_mode():
+        out = step(inputs)
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    assert [pool.data_ptr() for pool in pools] == pointers
+    assert torch.equal(inputs.key_pages, eager.key_pages) and torch.equal(
+        inputs.value_pages, eager.value_pages
+    )
+
+
+def test_a_compiler_that_fails_is_reported_with_its_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing = tmp_path / "cc"
+    failing.write_text("#!/bin/sh\necho 'no such target' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setenv("CC", str(failing))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(subprocess.SubprocessError, match="no such target"):
+        paged_attention._built_library()
+
+
+def test_the_built_library_is_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    first = paged_attention._built_library()
+    built = first.stat().st_mtime_ns
+    assert paged_attention._built_library() == first and first.stat().st_mtime_ns == built
+    assert first.parent == tmp_path / "pe_serve_kernels"
