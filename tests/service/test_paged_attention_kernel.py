@@ -8,6 +8,7 @@ into their own copy of the pool, which must come out equal.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from typing import NamedTuple
@@ -133,3 +134,14 @@ def test_the_built_library_is_reused(tmp_path: Path, monkeypatch: pytest.MonkeyP
     built = first.stat().st_mtime_ns
     assert paged_attention._built_library() == first and first.stat().st_mtime_ns == built
     assert first.parent == tmp_path / "pe_serve_kernels"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a directory to another user needs root")
+def test_a_cache_directory_of_another_user_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    (tmp_path / "pe_serve_kernels").mkdir()
+    os.chown(tmp_path / "pe_serve_kernels", 12345, 12345)
+    with pytest.raises(OSError, match="another user"):
+        paged_attention._built_library()

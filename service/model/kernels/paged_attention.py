@@ -61,9 +61,11 @@ def _built_library() -> Path:
         fingerprint.update(part)
     directory = _cache_directory()
     target = directory / f"paged_attention-{fingerprint.hexdigest()[:16]}.so"
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if directory.stat().st_uid != os.getuid():  # a library planted by another user would run as us
+        raise OSError(f"{directory} belongs to another user; not loading a kernel from it")
     if target.exists():
         return target
-    directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as scratch:
         built = Path(scratch) / target.name
         try:
