@@ -130,7 +130,9 @@ class FastDecoder:
                 blocks = torch.zeros(
                     batch, window // self.pool.block_size, dtype=torch.long, device=self._device
                 )
-                self._run(blocks, [0] * batch, [0] * batch, [scaling] * batch, [1] * batch, window)
+                scalings, lengths = [scaling] * batch, [1] * batch
+                keys = self._table_keys(scalings, lengths)
+                self._run(blocks, [0] * batch, [0] * batch, scalings, lengths, keys, window)
         self.compile_seconds += time.perf_counter() - started
         logger.info(
             "compiled the decode step for %s (%s windows) in %.1f s",
@@ -146,13 +148,15 @@ class FastDecoder:
         window = self.window_for(lengths)
         blocks = rows.window_blocks(window // self.pool.block_size)
         table_lengths = [length + 1 for length in lengths]
-        logits = self._run(blocks, tokens, lengths, scalings, table_lengths, window)
-        keys = [
-            self.model.positions.table_key(scaling, length)
-            for scaling, length in zip(scalings, table_lengths, strict=True)
-        ]
+        keys = self._table_keys(scalings, table_lengths)
+        logits = self._run(blocks, tokens, lengths, scalings, table_lengths, keys, window)
         rows.advance(torch.tensor(list(tokens))[:, None], keys)
         return logits
+
+    def _table_keys(self, scalings: Sequence[RopeScaling], table_lengths: Sequence[int]) -> list[Hashable]:
+        """Each row's table key, worked out once a step: the stacks and the rows both need it."""
+        table_key = self.model.positions.table_key
+        return [table_key(scaling, length) for scaling, length in zip(scalings, table_lengths, strict=True)]
 
     @property
     def _device(self) -> torch.device:
@@ -165,9 +169,10 @@ class FastDecoder:
         positions: Sequence[int],
         scalings: Sequence[RopeScaling],
         table_lengths: Sequence[int],
+        table_keys: Sequence[Hashable],
         window: int,
     ) -> Tensor:
-        tables = self._step_tables(scalings, table_lengths, window)
+        tables = self._step_tables(scalings, table_lengths, table_keys, window)
         inputs = StepInputs(
             torch.tensor(list(tokens), dtype=torch.long, device=self._device),
             torch.tensor(list(positions), dtype=torch.long, device=self._device),
@@ -188,14 +193,18 @@ class FastDecoder:
         return logits
 
     def _step_tables(
-        self, scalings: Sequence[RopeScaling], table_lengths: Sequence[int], window: int
+        self,
+        scalings: Sequence[RopeScaling],
+        table_lengths: Sequence[int],
+        table_keys: Sequence[Hashable],
+        window: int,
     ) -> StepTables:
         """The stacked tables for these rows, rebuilt only when a row's table or the window changed."""
         positions = self.model.positions
         learned = positions.learned_table is not None
         key = (
             tuple(scalings),
-            tuple(positions.table_key(s, n) for s, n in zip(scalings, table_lengths, strict=True)),
+            tuple(table_keys),
             window,
             max(table_lengths) if learned else None,  # learned tables are checked against positions
         )
