@@ -5,8 +5,9 @@ eager side is `Transformer.forward` over the pool (the engine's path without `--
 compiled side `FastDecoder.step` (with it), and a third side the same compiled step with the torch
 attention instead of the C paged-attention kernel (`paged_kernel=False`), to show what the kernel
 gains for batches (a lone row takes the torch attention on both). All see the same rows, window
-growth and weights; runs alternate within every repeat, and ratios are medians of per-repeat
-ratios. No scheduling, sampling or HTTP: `bench.serving` measures those.
+growth and weights; runs alternate within every repeat, in an order that turns every repeat, and
+ratios are medians of per-repeat ratios. No scheduling, sampling or HTTP: `bench.serving`
+measures those.
 
 Compile time is measured twice: cold, in this process with an empty inductor cache (what a first
 start-up on a host pays), and warm, in a fresh process reusing that cache (every later start-up).
@@ -107,9 +108,12 @@ def measure(args: argparse.Namespace, batch: int) -> dict[str, float]:
         "torch_attention": lambda: run(torch_attention, batch, args, compiled=True),
     }
     samples: dict[str, list[float]] = {side: [] for side in sides}
-    for _ in range(args.repeats):
-        for side, once in sides.items():
-            samples[side].append(once())
+    order = list(sides)
+    for repeat in range(args.repeats):
+        # The order turns every repeat: with a fixed one, the side run right after the eager one
+        # came out slower (at batch 1, where both compiled sides run the same code, 0.86x).
+        for side in order[repeat % len(order) :] + order[: repeat % len(order)]:
+            samples[side].append(sides[side]())
 
     def ratio(side: str) -> float:
         return statistics.median(s / c for s, c in zip(samples[side], samples["compiled"], strict=True))
@@ -160,7 +164,8 @@ def report(
         f"torch {torch.__version__}, {args.threads} intra-op thread(s); load average {load}. "
         f"Each row has a {args.prompt_tokens}-token prompt, then {args.steps} decode steps (keys "
         f"{args.prompt_tokens} to {args.prompt_tokens + args.steps}); ms are medians over the steps, then "
-        f"over {args.repeats} alternating repeats; the ratio is the median of per-repeat ratios.",
+        f"over {args.repeats} repeats (the sides alternate, in an order that turns every repeat); ratios "
+        "are medians of per-repeat ratios.",
         "",
         "| batch | eager ms/step | compiled ms/step | eager / compiled | attention | compiled, torch "
         "attention ms/step | torch attention / kernel |",
