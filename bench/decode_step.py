@@ -2,12 +2,9 @@
 
 Rows of `--prompt-tokens` are prefilled into a paged KV pool, then decoded `--steps` tokens; the
 eager side is `Transformer.forward` over the pool (the engine's path without `--compile`), the
-compiled side `FastDecoder.step` (with it), and a third side the same compiled step with the torch
-attention instead of the C paged-attention kernel (`paged_kernel=False`), to show what the kernel
-gains for batches (a lone row takes the torch attention on both). All see the same rows, window
-growth and weights; runs alternate within every repeat, in an order that turns every repeat, and
-ratios are medians of per-repeat ratios. No scheduling, sampling or HTTP: `bench.serving`
-measures those.
+compiled side `FastDecoder.step` (with it). Both see the same rows, window growth and weights;
+runs alternate within every repeat, and the ratio is the median of per-repeat ratios. No
+scheduling, sampling or HTTP: `bench.serving` measures those.
 
 Compile time is measured twice: cold, in this process with an empty inductor cache (what a first
 start-up on a host pays), and warm, in a fresh process reusing that cache (every later start-up).
@@ -70,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def decoder_for(model_dir: Path, *, paged_kernel: bool | None = None) -> FastDecoder:
+def decoder_for(model_dir: Path) -> FastDecoder:
     model = load_checkpoint(model_dir, dtype=torch.float32).eval()
     pool = PagedKVCache.within(
         model.config, 64 << 20, min_tokens=4096, device=torch.device("cpu"), dtype=torch.float32
     )
-    return FastDecoder(model, pool, max_window=MAX_WINDOW, paged_kernel=paged_kernel)
+    return FastDecoder(model, pool, max_window=MAX_WINDOW)
 
 
 def compile_seconds(model_dir: Path) -> float:
@@ -97,32 +94,22 @@ def warm_start_seconds(args: argparse.Namespace) -> float:
 
 
 def measure(args: argparse.Namespace, batch: int) -> dict[str, float]:
-    """Median ms per step of each side, and the median per-repeat ratios to the compiled step."""
+    """Median ms per step of each side, and the median per-repeat ratio eager / compiled."""
     decoder = decoder_for(args.model_dir)
     decoder.warm_up()
-    torch_attention = decoder_for(args.model_dir, paged_kernel=False)
-    torch_attention.warm_up()
     sides: dict[str, Callable[[], float]] = {
         "eager": lambda: run(decoder, batch, args, compiled=False),
         "compiled": lambda: run(decoder, batch, args, compiled=True),
-        "torch_attention": lambda: run(torch_attention, batch, args, compiled=True),
     }
     samples: dict[str, list[float]] = {side: [] for side in sides}
-    order = list(sides)
-    for repeat in range(args.repeats):
-        # The order turns every repeat: with a fixed one, the side run right after the eager one
-        # came out slower (at batch 1, where both compiled sides run the same code, 0.86x).
-        for side in order[repeat % len(order) :] + order[: repeat % len(order)]:
-            samples[side].append(sides[side]())
-
-    def ratio(side: str) -> float:
-        return statistics.median(s / c for s, c in zip(samples[side], samples["compiled"], strict=True))
-
+    for _ in range(args.repeats):
+        for side, once in sides.items():
+            samples[side].append(once())
+    ratios = [e / c for e, c in zip(samples["eager"], samples["compiled"], strict=True)]
     return {
-        **{side: statistics.median(times) for side, times in samples.items()},
-        "ratio": ratio("eager"),
-        "kernel_ratio": ratio("torch_attention"),
-        "kernel": float(decoder.batch_shape.paged_kernel and batch > 1),
+        "eager": statistics.median(samples["eager"]),
+        "compiled": statistics.median(samples["compiled"]),
+        "ratio": statistics.median(ratios),
     }
 
 
@@ -164,26 +151,19 @@ def report(
         f"torch {torch.__version__}, {args.threads} intra-op thread(s); load average {load}. "
         f"Each row has a {args.prompt_tokens}-token prompt, then {args.steps} decode steps (keys "
         f"{args.prompt_tokens} to {args.prompt_tokens + args.steps}); ms are medians over the steps, then "
-        f"over {args.repeats} repeats (the sides alternate, in an order that turns every repeat); ratios "
-        "are medians of per-repeat ratios.",
+        f"over {args.repeats} alternating repeats; the ratio is the median of per-repeat ratios.",
         "",
-        "| batch | eager ms/step | compiled ms/step | eager / compiled | attention | compiled, torch "
-        "attention ms/step | torch attention / kernel |",
-        "|---:|---:|---:|---:|---|---:|---:|",
+        "| batch | eager ms/step | compiled ms/step | eager / compiled |",
+        "|---:|---:|---:|---:|",
     ]
     for batch, row in rows.items():
-        attention = "C kernel" if row["kernel"] else "torch"
-        lines.append(
-            f"| {batch} | {row['eager']:.3f} | {row['compiled']:.3f} | {row['ratio']:.2f}x | {attention} | "
-            f"{row['torch_attention']:.3f} | {row['kernel_ratio']:.2f}x |"
-        )
+        lines.append(f"| {batch} | {row['eager']:.3f} | {row['compiled']:.3f} | {row['ratio']:.2f}x |")
     lines += [
         "",
         f"Compile time at start-up (every window bucket from 64 to {MAX_WINDOW} keys, for one row and "
         f"for batches): **{cold:.1f} s** with an empty inductor cache, **{warm:.1f} s** in a new process "
         "with the cache filled. Models of the same architecture and scheme share the compiled code; "
-        "each further scheme pays its own compile. The C attention kernel is built once per machine "
-        "(about a second) and cached beside the inductor cache.",
+        "each further scheme pays its own compile.",
     ]
     return "\n".join(lines) + "\n"
 

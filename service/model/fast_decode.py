@@ -81,10 +81,11 @@ class FastDecoder:
         """`compile=False` runs the same step uncompiled (the reference the tests use);
         `paged_kernel` picks the attention of batches (`uses_paged_kernel` decides where it is None).
 
-        A lone row always takes the compiled torch attention: its step is short enough that the
-        kernel's call (about 10 us a layer) costs more than reading a padded window saves (on two
-        cores, 0.46 ms a step with the kernel against 0.37 without; batches of 16 and 64 ran 1.24x
-        and 1.13x faster with it, `bench.decode_step` measures the whole step)."""
+        A lone row keeps the compiled torch attention it had before the kernel: its whole step is
+        one fused loop of about 0.4 ms, and the kernel's call costs about 10 us a layer. Whether the
+        kernel would still help it is not settled: the probe that found 0.46 ms a step with the
+        kernel against 0.37 without also ran two decoders side by side, and such pairs later gave
+        identical code 0.64-0.86x of each other."""
         self.model = model
         self.pool = pool
         self.max_window = max_window
