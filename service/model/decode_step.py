@@ -8,9 +8,11 @@ on the batch size and the window (a power of two of blocks), so `torch.compile` 
 per window bucket and replays it for every step of that shape. The model's weights are arguments
 too, not constants, so every model with the same architecture and scheme shares the compiled code.
 
-Attention comes from `service.model.kernels.paged_attention`: on a CPU in float32, a C kernel
-that reads each row's own keys (an opaque op to the compiler); elsewhere its torch reference,
-which the compiler fuses over the whole window.
+On a CPU in float32 a batch's attention and matrix products are C kernels, opaque ops to the
+compiler (`service.model.kernels`): attention that reads each row's own keys, and products over
+weights packed once for them (`pack_weights(..., packed=True)`). Elsewhere attention is the
+kernel's torch reference, which the compiler fuses over the whole window, and the products are
+`F.linear`.
 
 The math is the eager model's (`service.model.transformer`) step for step, with the query, key
 and value projections fused into one matrix product and the gate and up projections into another.
@@ -26,6 +28,7 @@ from torch import Tensor
 
 from pe_runtime.rope import apply_rope
 from service.model.config import RopeLayout, Scheme
+from service.model.kernels.packed_linear import pack_weight, packed_linear
 from service.model.kernels.paged_attention import paged_decode_attention, reference_paged_decode_attention
 from service.model.transformer import Block, Transformer, rms_norm
 
@@ -41,10 +44,12 @@ class StepShape(NamedTuple):
     embedding_scale: float
     rope_layout: RopeLayout
     block_size: int
-    paged_kernel: bool  # attention by `service.model.kernels.paged_attention` (CPU, float32)
+    cpu_kernels: bool  # attention and products by `service.model.kernels` (CPU, float32)
 
 
 class LayerWeights(NamedTuple):
+    """Matrices are [N, K], or their `pack_weight` panels [ceil(N / 32), K, 32] for the C kernels."""
+
     attn_norm: Tensor  # [D]
     qkv: Tensor  # [(H + 2 Hkv) * hd, D]
     qkv_bias: Tensor | None
@@ -76,7 +81,7 @@ class StepInputs(NamedTuple):
     t5_buckets: Tensor | None  # [2 W - 1], the bucket of key k for query q at k - q + W - 1
 
 
-def step_shape(model: Transformer, block_size: int, *, paged_kernel: bool) -> StepShape:
+def step_shape(model: Transformer, block_size: int, *, cpu_kernels: bool) -> StepShape:
     config = model.config
     return StepShape(
         pe=config.pe,
@@ -87,26 +92,29 @@ def step_shape(model: Transformer, block_size: int, *, paged_kernel: bool) -> St
         embedding_scale=config.embedding_scale,
         rope_layout=config.rope_layout,
         block_size=block_size,
-        paged_kernel=paged_kernel,
+        cpu_kernels=cpu_kernels,
     )
 
 
 @torch.no_grad()
-def pack_weights(model: Transformer) -> StepWeights:
-    """The model's weights in the step's layout (fused projections are copies, made once)."""
+def pack_weights(model: Transformer, *, packed: bool = False) -> StepWeights:
+    """The model's weights in the step's layout (fused projections are copies, made once);
+    `packed` lays the matrices out in panels for the C product kernel (copies too)."""
+    matrix = pack_weight if packed else _as_is
     layers = []
     for block in cast(list[Block], list(model.layers)):
         attention, mlp = block.attn, block.mlp
-        biases = [attention.q_proj.bias, attention.k_proj.bias, attention.v_proj.bias]
+        projections = [attention.q_proj, attention.k_proj, attention.v_proj]
+        biases = [projection.bias for projection in projections]
         layers.append(
             LayerWeights(
                 attn_norm=block.attn_norm.weight,
-                qkv=torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight]),
+                qkv=matrix(torch.cat([projection.weight for projection in projections])),
                 qkv_bias=torch.cat([b for b in biases if b is not None]) if biases[0] is not None else None,
-                o_proj=attention.o_proj.weight,
+                o_proj=matrix(attention.o_proj.weight),
                 mlp_norm=block.mlp_norm.weight,
-                gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
-                down=mlp.down_proj.weight,
+                gate_up=matrix(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                down=matrix(mlp.down_proj.weight),
             )
         )
     t5 = model.positions.t5_table
@@ -114,7 +122,7 @@ def pack_weights(model: Transformer) -> StepWeights:
         embed=model.embed_tokens.weight,
         layers=tuple(layers),
         final_norm=model.norm.weight,
-        lm_head=model.lm_head.weight,
+        lm_head=matrix(model.lm_head.weight),
         t5_table=t5.weight if t5 is not None else None,
     )
 
@@ -128,6 +136,7 @@ def decode_one_token(
 ) -> Tensor:
     """Logits float32 [B, V]; writes each row's new key and value into its block at its position."""
     batch = inputs.tokens.shape[0]
+    vocab_size, d_model = weights.embed.shape
     window = inputs.window_blocks.shape[1] * shape.block_size
     heads, kv_heads, head_dim = shape.n_heads, shape.n_kv_heads, shape.head_dim
     positions = inputs.positions
@@ -142,10 +151,10 @@ def decode_one_token(
         )
     distance = torch.arange(window, device=positions.device)[None, :] - positions[:, None]  # [B, W], k - q
     bias = _scheme_bias(weights, inputs, distance, window)  # [B, H, W] float32, or None
-    attend = paged_decode_attention if shape.paged_kernel else reference_paged_decode_attention
+    attend = paged_decode_attention if shape.cpu_kernels else reference_paged_decode_attention
     for layer, keys_pages, values_pages in zip(weights.layers, key_pages, value_pages, strict=True):
         normed = rms_norm(hidden, layer.attn_norm, shape.norm_eps)
-        qkv = F.linear(normed, layer.qkv, layer.qkv_bias)
+        qkv = _linear(shape, normed, layer.qkv, (heads + 2 * kv_heads) * head_dim, layer.qkv_bias)
         queries = qkv[:, : heads * head_dim].view(batch, heads, head_dim)
         keys = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(batch, kv_heads, head_dim)
         values = qkv[:, (heads + kv_heads) * head_dim :].view(batch, kv_heads, head_dim)
@@ -154,12 +163,26 @@ def decode_one_token(
             keys = apply_rope(keys, *rope, layout=shape.rope_layout)
         pages = (keys_pages, values_pages, inputs.window_blocks, positions)
         attended = attend(queries, keys, values, *pages, bias, head_dim**-0.5).view(batch, -1)  # [B, H * hd]
-        hidden = hidden + F.linear(attended.to(hidden.dtype), layer.o_proj)
+        hidden = hidden + _linear(shape, attended.to(hidden.dtype), layer.o_proj, d_model)
         normed = rms_norm(hidden, layer.mlp_norm, shape.norm_eps)
-        gate, up = F.linear(normed, layer.gate_up).chunk(2, dim=-1)
-        hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
-    logits = F.linear(rms_norm(hidden, weights.final_norm, shape.norm_eps), weights.lm_head)
+        ffn_hidden = layer.down.shape[1]  # K of the down projection, packed or not
+        gate, up = _linear(shape, normed, layer.gate_up, 2 * ffn_hidden).chunk(2, dim=-1)
+        hidden = hidden + _linear(shape, F.silu(gate) * up, layer.down, d_model)
+    logits = _linear(shape, rms_norm(hidden, weights.final_norm, shape.norm_eps), weights.lm_head, vocab_size)
     return logits.float()
+
+
+def _linear(
+    shape: StepShape, x: Tensor, weight: Tensor, out_features: int, bias: Tensor | None = None
+) -> Tensor:
+    """`F.linear`, or the C kernel over the weight's panels where the step's weights are packed."""
+    if shape.cpu_kernels:
+        return packed_linear(x, weight, bias, out_features)
+    return F.linear(x, weight, bias)
+
+
+def _as_is(weight: Tensor) -> Tensor:
+    return weight
 
 
 def _scheme_bias(weights: StepWeights, inputs: StepInputs, distance: Tensor, window: int) -> Tensor | None:

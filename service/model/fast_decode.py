@@ -8,9 +8,10 @@ by every model of the same architecture and scheme. Everything else takes the ea
 window past `max_window` (long contexts, where attention's memory reads dominate and the
 compiler gains little), and schemes whose attention is not a bias on the scores.
 
-A batch on a CPU in float32 reads its keys through the C kernel of
-`service.model.kernels.paged_attention` (`uses_paged_kernel`): each row its own keys, where the
-torch attention reads every row's whole window bucket.
+A batch on a CPU in float32 runs its attention and matrix products as the C kernels of
+`service.model.kernels` (`uses_cpu_kernels`): attention reads each row's own keys, where the
+torch attention reads every row's whole window bucket, and the products read weights packed once
+for them, where the BLAS call repacks them every time.
 
 The positional tables a batch reads are gathered into stacks once and reused while the rows, their
 tables and the window stay the same; a step then only indexes them through `table_index`.
@@ -30,7 +31,7 @@ from torch import Tensor
 from pe_runtime import RopeScaling
 from service.model.config import Scheme
 from service.model.decode_step import StepInputs, decode_one_token, pack_weights, step_shape
-from service.model.kernels import paged_attention
+from service.model.kernels import packed_linear, paged_attention
 from service.model.paged_cache import PagedKVCache, PagedRows
 from service.model.positional import StepTables
 from service.model.transformer import Transformer
@@ -76,24 +77,26 @@ class FastDecoder:
         *,
         max_window: int = DEFAULT_MAX_WINDOW,
         compile: bool = True,
-        paged_kernel: bool | None = None,
+        cpu_kernels: bool | None = None,
     ) -> None:
         """`compile=False` runs the same step uncompiled (the reference the tests use);
-        `paged_kernel` picks the attention of batches (`uses_paged_kernel` decides where it is None).
+        `cpu_kernels` picks the attention and products of batches (`uses_cpu_kernels` decides where
+        it is None).
 
-        A lone row keeps the compiled torch attention it had before the kernel: its whole step is
-        one fused loop of about 0.4 ms, and the kernel's call costs about 10 us a layer. Whether the
-        kernel would still help it is not settled: the probe that found 0.46 ms a step with the
-        kernel against 0.37 without also ran two decoders side by side, and such pairs later gave
-        identical code 0.64-0.86x of each other."""
+        A lone row keeps the compiled torch step it had before the kernels: its whole step is one
+        fused loop of about 0.4 ms (the compiler turns one row's products into loops it fuses), and
+        a kernel call costs 5-10 us. Whether the attention kernel would still help it is not
+        settled: the probe that found 0.46 ms a step with it against 0.37 without also ran two
+        decoders side by side, and such pairs later gave identical code 0.64-0.86x of each other."""
         self.model = model
         self.pool = pool
         self.max_window = max_window
-        if paged_kernel is None:
-            paged_kernel = uses_paged_kernel(pool)
-        self.shape = step_shape(model, pool.block_size, paged_kernel=False)
-        self.batch_shape = self.shape._replace(paged_kernel=paged_kernel)
+        if cpu_kernels is None:
+            cpu_kernels = uses_cpu_kernels(pool)
+        self.shape = step_shape(model, pool.block_size, cpu_kernels=False)
+        self.batch_shape = self.shape._replace(cpu_kernels=cpu_kernels)
         self.weights = pack_weights(model)
+        self.batch_weights = pack_weights(model, packed=True) if cpu_kernels else self.weights
         self.compile_seconds = 0.0
         self._step = compiled_step() if compile else decode_one_token
         self._tables: tuple[Hashable, StepTables] | None = None
@@ -189,8 +192,9 @@ class FastDecoder:
             if stack is not None:
                 torch._dynamo.mark_dynamic(stack, 0)
         with torch.inference_mode():
-            shape = self.batch_shape if len(tokens) > 1 else self.shape
-            logits: Tensor = self._step(shape, self.weights, inputs, self.pool.keys, self.pool.values)
+            batched = len(tokens) > 1
+            shape, weights = (self.batch_shape, self.batch_weights) if batched else (self.shape, self.weights)
+            logits: Tensor = self._step(shape, weights, inputs, self.pool.keys, self.pool.values)
         return logits
 
     def _step_tables(
@@ -216,12 +220,14 @@ class FastDecoder:
         return self._tables[1]
 
 
-def uses_paged_kernel(pool: PagedKVCache) -> bool:
-    """Whether the step's attention can be the C kernel: a float32 pool on the CPU, with torch on
-    one intra-op thread (the kernel runs on one; with more, the compiler's parallel loops win)."""
+def uses_cpu_kernels(pool: PagedKVCache) -> bool:
+    """Whether a batch's attention and products can be the C kernels: a float32 pool on the CPU,
+    with torch on one intra-op thread (the kernels run on one; with more, the compiler's parallel
+    loops and BLAS's threads win)."""
     pages = pool.keys[0]
     cpu_float = pages.device.type == "cpu" and pages.dtype == torch.float32
-    return cpu_float and torch.get_num_threads() == 1 and paged_attention.available()
+    built = paged_attention.available() and packed_linear.available()
+    return cpu_float and torch.get_num_threads() == 1 and built
 
 
 def _two_or_more(tables: StepTables) -> dict[str, Tensor]:

@@ -20,7 +20,7 @@ from service.engine.core import DecodeSettings
 from service.engine.engine import InferenceEngine, load_models
 from service.engine.types import GenerationRequest, GenerationResult, SamplingParams
 from service.model.fast_decode import FastDecoder
-from service.model.kernels import paged_attention
+from service.model.kernels import packed_linear, paged_attention
 from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows
 from service.model.refresh import recompute_row, stale_rows
 from service.model.transformer import Transformer
@@ -111,24 +111,24 @@ def decode_and_compare(model: Transformer, decoder: FastDecoder, scalings: list[
     return worst
 
 
-@pytest.mark.parametrize("attention", ["torch", "kernel"])
+@pytest.mark.parametrize("path", ["torch", "kernels"])
 @pytest.mark.parametrize(
     ("overrides", "scalings"), [case[1:] for case in SCHEME_CASES], ids=[case[0] for case in SCHEME_CASES]
 )
 def test_reference_step_equals_the_full_pass(
-    overrides: dict[str, Any], scalings: list[RopeScaling], attention: str
+    overrides: dict[str, Any], scalings: list[RopeScaling], path: str
 ) -> None:
-    """Both attentions of batches: the torch one and the C kernel (on its vector path: 16-wide heads)."""
-    overrides = dict(overrides)  # the case's own dict is shared by both attentions
-    kernel = attention == "kernel"
-    if kernel and not paged_attention.available():
-        pytest.skip("no C compiler builds the paged attention kernel here")
+    """Both paths of batches: torch's, and the C kernels (attention on its vector path: 16-wide heads)."""
+    overrides = dict(overrides)  # the case's own dict is shared by both paths
+    kernel = path == "kernels"
+    if kernel and not (paged_attention.available() and packed_linear.available()):
+        pytest.skip("no C compiler builds the kernels here")
     heads = {"head_dim_override": WIDE_HEAD} if kernel else {}
     if kernel:
         wide = {id(narrow): WIDE_SCALINGS[name] for name, narrow in SCALINGS.items()}
         scalings = [wide.get(id(scaling), scaling) for scaling in scalings]
     model = tiny_transformer(native_context=overrides.pop("native_context", NATIVE), **overrides, **heads)
-    decoder = FastDecoder(model, pool_for(model), max_window=128, compile=False, paged_kernel=kernel)
+    decoder = FastDecoder(model, pool_for(model), max_window=128, compile=False, cpu_kernels=kernel)
     assert decode_and_compare(model, decoder, scalings) < TOLERANCE
 
 

@@ -8,9 +8,6 @@ into their own copy of the pool, which must come out equal.
 
 from __future__ import annotations
 
-import os
-import subprocess
-from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -114,34 +111,3 @@ def test_compiled_graphs_write_the_pool_itself() -> None:
     assert torch.equal(inputs.key_pages, eager.key_pages) and torch.equal(
         inputs.value_pages, eager.value_pages
     )
-
-
-def test_a_compiler_that_fails_is_reported_with_its_message(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    failing = tmp_path / "cc"
-    failing.write_text("#!/bin/sh\necho 'no such target' >&2\nexit 1\n")
-    failing.chmod(0o755)
-    monkeypatch.setenv("CC", str(failing))
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
-    with pytest.raises(subprocess.SubprocessError, match="no such target"):
-        paged_attention._built_library()
-
-
-def test_the_built_library_is_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    first = paged_attention._built_library()
-    built = first.stat().st_mtime_ns
-    assert paged_attention._built_library() == first and first.stat().st_mtime_ns == built
-    assert first.parent == tmp_path / "pe_serve_kernels"
-
-
-@pytest.mark.skipif(os.getuid() != 0, reason="giving a directory to another user needs root")
-def test_a_cache_directory_of_another_user_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    (tmp_path / "pe_serve_kernels").mkdir()
-    os.chown(tmp_path / "pe_serve_kernels", 12345, 12345)
-    with pytest.raises(OSError, match="another user"):
-        paged_attention._built_library()

@@ -7,8 +7,7 @@ head also ends in a horizontal sum per key, and the compiler recomputes the quer
 every key it fuses in. Profiled at a batch of 64 on two cores, that kernel was over half the
 step. This one reads each row's own keys, once, with the dot products vectorized over the head.
 
-The source (`paged_attention.c`) is compiled at first use with the machine's C compiler for this
-CPU (`-march=native`) and cached under a key of the source, flags and CPU; where no compiler
+The source (`paged_attention.c`) is built by `service.model.kernels.build`; where no compiler
 works, `available()` is False and the step keeps its pure-torch attention.
 """
 
@@ -16,21 +15,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-logger = logging.getLogger("service.model.kernels")
+from service.model.kernels.build import load_library
 
 _SOURCE = Path(__file__).with_name("paged_attention.c")
-_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fPIC", "-shared")
 _POINTERS = 10
 _SIZES = 10
 
@@ -42,63 +35,19 @@ def available() -> bool:
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    try:
-        library = ctypes.CDLL(str(_built_library()))
-    except (OSError, subprocess.SubprocessError) as error:
-        logger.warning("the paged attention kernel is unavailable, using the torch path: %s", error)
-        return None
-    function = library.paged_decode_attention
-    function.restype = None
-    function.argtypes = [ctypes.c_void_p] * _POINTERS + [ctypes.c_int64] * _SIZES + [ctypes.c_float]
+    library = load_library(_SOURCE)
+    if library is not None:
+        function = library.paged_decode_attention
+        function.restype = None
+        function.argtypes = [ctypes.c_void_p] * _POINTERS + [ctypes.c_int64] * _SIZES + [ctypes.c_float]
     return library
-
-
-def _built_library() -> Path:
-    """The shared library for this source, flags and CPU, compiled once per machine."""
-    compiler = os.environ.get("CC", "gcc")
-    fingerprint = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), " ".join((compiler, *_FLAGS)).encode(), _cpu_description().encode()):
-        fingerprint.update(part)
-    directory = _cache_directory()
-    target = directory / f"paged_attention-{fingerprint.hexdigest()[:16]}.so"
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if directory.stat().st_uid != os.getuid():  # a library planted by another user would run as us
-        raise OSError(f"{directory} belongs to another user; not loading a kernel from it")
-    if target.exists():
-        return target
-    with tempfile.TemporaryDirectory(dir=directory) as scratch:
-        built = Path(scratch) / target.name
-        try:
-            command = [compiler, *_FLAGS, "-o", str(built), str(_SOURCE)]
-            subprocess.run(command, check=True, capture_output=True, timeout=120)
-        except subprocess.CalledProcessError as error:
-            raise subprocess.SubprocessError(error.stderr.decode(errors="replace").strip()) from error
-        os.replace(built, target)  # atomic: processes building at once each install a whole file
-    return target
-
-
-def _cache_directory() -> Path:
-    """Beside inductor's cache, so that a cold start (an empty inductor cache) rebuilds this too."""
-    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if inductor:
-        return Path(inductor) / "pe_serve_kernels"
-    return Path(tempfile.gettempdir()) / f"pe_serve_kernels_{os.getuid()}"
-
-
-def _cpu_description() -> str:
-    """The CPU's feature flags: a library built for one CPU's `-march=native` may fault on another."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return os.uname().machine
-    return next((line for line in lines if line.startswith(("flags", "Features"))), os.uname().machine)
 
 
 # Defined through the low-level registration API: a `torch.library.custom_op` wrapper cost about
 # 50 us a call on two cores (4 calls a step), this about 5. The schema marks the pages as written,
 # so the compiler orders the op after earlier writes and passes the pool itself, with no copy.
 # torch.library's registration functions carry no annotations, hence the ignores below.
-_OPS = torch.library.Library("pe_serve", "DEF")  # type: ignore[no-untyped-call]
+_OPS = torch.library.Library("pe_serve", "FRAGMENT")  # type: ignore[no-untyped-call]
 _OPS.define(  # type: ignore[no-untyped-call]
     "paged_decode_attention(Tensor queries, Tensor new_keys, Tensor new_values, Tensor(a!) key_pages, "
     "Tensor(b!) value_pages, Tensor window_blocks, Tensor positions, Tensor? bias, float scale) -> Tensor"

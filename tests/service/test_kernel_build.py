@@ -1,0 +1,51 @@
+"""Building the C kernels: the compiler's errors surface, a built library is reused, and a cache
+directory owned by someone else is never loaded from."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from service.model.kernels import build
+
+SOURCES = sorted(Path(build.__file__).parent.glob("*.c"))
+
+
+def test_every_kernel_source_is_found() -> None:
+    assert {source.stem for source in SOURCES} == {"packed_linear", "paged_attention"}
+
+
+def test_a_compiler_that_fails_is_reported_with_its_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing = tmp_path / "cc"
+    failing.write_text("#!/bin/sh\necho 'no such target' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setenv("CC", str(failing))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(subprocess.SubprocessError, match="no such target"):
+        build.built_library(SOURCES[0])
+    assert build.load_library(SOURCES[0]) is None  # the caller falls back to its torch path
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=[source.stem for source in SOURCES])
+def test_the_built_library_is_reused(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    first = build.built_library(source)
+    built = first.stat().st_mtime_ns
+    assert build.built_library(source) == first and first.stat().st_mtime_ns == built
+    assert first.parent == tmp_path / "pe_serve_kernels" and first.name.startswith(source.stem)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a directory to another user needs root")
+def test_a_cache_directory_of_another_user_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    (tmp_path / "pe_serve_kernels").mkdir()
+    os.chown(tmp_path / "pe_serve_kernels", 12345, 12345)
+    with pytest.raises(OSError, match="another user"):
+        build.built_library(SOURCES[0])
