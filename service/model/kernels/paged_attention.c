@@ -71,6 +71,19 @@ static inline void prefetch_block(const float *block, int64_t floats) {
     for (int64_t f = 0; f < floats; f += 64 / sizeof(float)) __builtin_prefetch(block + f);
 }
 
+/* A whole row's keys and values of one head, into L2, a row ahead of their use: a batch's pool
+ * is larger than the caches, and one block ahead is too short to hide a read from memory. */
+static void prefetch_row_head(const float *key_pages, const float *value_pages, const int64_t *blocks,
+                              int64_t length, int64_t block_floats, int64_t block_size) {
+    for (int64_t start = 0, j = 0; start < length; start += block_size, j++) {
+        const float *keys = key_pages + blocks[j] * block_floats, *values = value_pages + blocks[j] * block_floats;
+        for (int64_t f = 0; f < block_floats; f += 64 / sizeof(float)) {
+            __builtin_prefetch(keys + f, 0, 2);
+            __builtin_prefetch(values + f, 0, 2);
+        }
+    }
+}
+
 static float maximum(const float *restrict scores, int64_t length) {
     float best = -INFINITY;
 #pragma omp simd reduction(max : best)
@@ -241,6 +254,10 @@ void paged_decode_attention(const float *queries, const float *new_keys, const f
         write_new_entries(new_values + b * value_row_stride, value_pages, kv_heads, head_dim, head_stride, slot);
         for (int64_t h = 0; h < heads; h++) {
             int64_t kv = h / group;
+            if (b + 1 < batch && h % group == 0) {
+                prefetch_row_head(key_pages + kv * head_stride, value_pages + kv * head_stride,
+                                  blocks + blocks_per_row, positions[b + 1] + 1, block_size * head_dim, block_size);
+            }
             attend_head(queries + b * query_row_stride + h * head_dim, key_pages + kv * head_stride,
                         value_pages + kv * head_stride, blocks, position + 1,
                         bias ? bias + (b * heads + h) * window : NULL, out + (b * heads + h) * head_dim, scores,
