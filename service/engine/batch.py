@@ -49,8 +49,18 @@ class StepOutcome:
 
 @dataclass
 class _PassResult:
-    logits: dict[int, Tensor]  # row -> logits [V]
+    """Logits [N, V] of the N rows that ran (`rows`, in order), and the rows that failed."""
+
+    rows: list[int]
+    logits: Tensor
     failed: dict[int, Exception]
+
+    def of(self, rows: list[int]) -> Tensor:
+        """The logits of `rows`, a subsequence of `self.rows`: the whole tensor when they are all."""
+        if rows == self.rows:
+            return self.logits
+        at = {row: index for index, row in enumerate(self.rows)}
+        return self.logits[[at[row] for row in rows]]
 
 
 @dataclass
@@ -191,18 +201,18 @@ class ModelBatch:
             )
             return self._prefilled(spread.sequences, spread.counts, result), spread.plan.cost_per_step
         if logits is None:
-            return self._outcome([], _PassResult({}, {}), []), spread.plan.cost_per_step
+            return self._outcome([], self._nothing_ran(), []), spread.plan.cost_per_step
         self._spread = None
         last = logits[:, -1].float()  # [N, V] at each row's last real token
-        result = _PassResult({row: last[row] for row in range(len(spread.sequences))}, {})
+        result = _PassResult(list(range(len(spread.sequences))), last, {})
         return self._prefilled(spread.sequences, spread.counts, result), spread.plan.cost_per_step
 
     def _prefilled(
         self, sequences: list[RunningSequence], counts: list[int], result: _PassResult
     ) -> StepOutcome:
-        for row in result.logits:
+        for row in result.rows:
             sequences[row].prefilled += counts[row]
-        ready = [row for row in result.logits if not sequences[row].prompt_remaining]
+        ready = [row for row in result.rows if not sequences[row].prompt_remaining]
         return self._outcome(sequences, result, ready)
 
     def decode(self) -> StepOutcome:
@@ -211,15 +221,10 @@ class ModelBatch:
         lengths = [past + 1 for past in group.view.lengths]
         chunks = [(sequence.last_token,) for sequence in group.sequences]
         result = self._run(group, chunks, lengths, [1] * len(chunks), fast=True)
-        return self._outcome(group.sequences, result, list(result.logits))
+        return self._outcome(group.sequences, result, result.rows)
 
     def _outcome(self, sequences: list[RunningSequence], result: _PassResult, rows: list[int]) -> StepOutcome:
-        vocab = self.model.config.vocab_size
-        logits = (
-            torch.stack([result.logits[row] for row in rows])
-            if rows
-            else torch.empty(0, vocab, device=self._device)
-        )
+        logits = result.of(rows)
         failed = [(sequences[row], error) for row, error in result.failed.items()]
         return StepOutcome([sequences[row] for row in rows], logits, failed)
 
@@ -269,7 +274,8 @@ class ModelBatch:
         except Exception:
             logger.exception("a batched pass failed; rerunning its rows one by one")
             return self._run_rows_alone(group.rows, chunks, scalings, table_lengths, counts, failed)
-        return _PassResult({row: logits[row] for row in range(len(group)) if row not in failed}, failed)
+        ran = [row for row in range(len(group)) if row not in failed]
+        return _PassResult(ran, logits if len(ran) == len(group) else logits[ran], failed)
 
     def _run_rows_alone(
         self,
@@ -292,7 +298,13 @@ class ModelBatch:
                 )[0]
             except Exception as error:
                 failed[row] = error
-        return _PassResult(logits, failed)
+        if not logits:
+            return self._nothing_ran(failed)
+        return _PassResult(list(logits), torch.stack(list(logits.values())), failed)
+
+    def _nothing_ran(self, failed: dict[int, Exception] | None = None) -> _PassResult:
+        empty = torch.empty(0, self.model.config.vocab_size, device=self._device)
+        return _PassResult([], empty, failed or {})
 
     def _refresh(
         self, rows: PagedRows, scalings: Sequence[RopeScaling], table_lengths: Sequence[int]

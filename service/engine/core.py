@@ -263,7 +263,8 @@ class EngineCore:
         if not live:
             return
         try:
-            picks = sample_rows([outcome.rows[row].sampler for row in live], outcome.logits[live])
+            logits = outcome.logits if len(live) == len(outcome.rows) else outcome.logits[live]
+            picks = sample_rows([outcome.rows[row].sampler for row in live], logits)
         except Exception as error:  # a bug in sampling must fail these requests, never the engine
             logger.exception("sampling failed", extra={"rows": len(live)})
             for row in live:
