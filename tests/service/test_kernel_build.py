@@ -28,7 +28,11 @@ def test_a_compiler_that_fails_is_reported_with_its_message(
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(subprocess.SubprocessError, match="no such target"):
         build.built_library(SOURCES[0])
-    assert build.load_library(SOURCES[0]) is None  # the caller falls back to its torch path
+    build.kernel_function.cache_clear()
+    try:  # the caller falls back to its torch path
+        assert build.kernel_function(SOURCES[0], "packed_linear", ()) is None
+    finally:
+        build.kernel_function.cache_clear()
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=[source.stem for source in SOURCES])
@@ -49,3 +53,17 @@ def test_a_cache_directory_of_another_user_is_refused(
     os.chown(tmp_path / "pe_serve_kernels", 12345, 12345)
     with pytest.raises(OSError, match="another user"):
         build.built_library(SOURCES[0])
+
+
+def test_an_edited_header_builds_a_new_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The headers a source includes are part of its key: a stale library is never loaded."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    sources = tmp_path / "src"
+    sources.mkdir()
+    for path in Path(build.__file__).parent.glob("*.[ch]"):
+        (sources / path.name).write_bytes(path.read_bytes())
+    first = build.built_library(sources / "packed_linear.c")
+    header = sources / "vec16.h"
+    header.write_text(header.read_text() + "\n/* edited */\n")
+    second = build.built_library(sources / "packed_linear.c")
+    assert first != second and first.exists() and second.exists()

@@ -8,34 +8,43 @@ inductor cache) rebuilds them and a warm one only loads them.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger("service.model.kernels")
 
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fPIC", "-shared")
 
 
-def load_library(source: Path) -> ctypes.CDLL | None:
-    """The source's shared library, built now if needed; None (with a warning) where no compiler
-    builds it, so that the caller keeps its pure-torch path."""
+@functools.cache
+def kernel_function(source: Path, name: str, argtypes: tuple[Any, ...]) -> Any:
+    """The C function `name` of `source` (returning void), built and loaded once per process; None
+    (with a warning) where no compiler builds it, so that the caller keeps its pure-torch path."""
     try:
-        return ctypes.CDLL(str(built_library(source)))
+        library = ctypes.CDLL(str(built_library(source)))
     except (OSError, subprocess.SubprocessError) as error:
         logger.warning("the %s kernel is unavailable, using the torch path: %s", source.stem, error)
         return None
+    function = getattr(library, name)
+    function.restype = None
+    function.argtypes = list(argtypes)
+    return function
 
 
 def built_library(source: Path) -> Path:
-    """The shared library for this source, flags and CPU, compiled once per machine."""
+    """The shared library for this source, its headers, flags and CPU, compiled once per machine."""
     compiler = os.environ.get("CC", "gcc")
     fingerprint = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join((compiler, *FLAGS)).encode(), _cpu_description().encode()):
+    headers = [header.read_bytes() for header in sorted(source.parent.glob("*.h"))]
+    for part in (source.read_bytes(), *headers, " ".join((compiler, *FLAGS)).encode()):
         fingerprint.update(part)
+    fingerprint.update(_cpu_description().encode())
     directory = _cache_directory()
     target = directory / f"{source.stem}-{fingerprint.hexdigest()[:16]}.so"
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -14,20 +14,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "vec16.h"
+
 #define PANEL 32
 #define TILE_ROWS 8
-
-typedef float vec16 __attribute__((vector_size(64)));
-
-static inline vec16 load16(const float *p) {
-    vec16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void store16(float *p, vec16 v) { memcpy(p, &v, sizeof v); }
-
-static inline vec16 splat16(float x) { return (vec16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 
 /* `rows` (1..8) rows times one panel; a constant `rows` after inlining, so the sums stay in
  * registers. `bias` holds the panel's 32 entries (zeros where there is none). */

@@ -10,34 +10,29 @@ reads front to back (`packed_linear.c`).
 from __future__ import annotations
 
 import ctypes
-import functools
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from service.model.kernels.build import load_library
+from service.model.kernels.build import kernel_function
 
 _SOURCE = Path(__file__).with_name("packed_linear.c")
 PANEL = 32
+_POINTER, _SIZE = ctypes.c_void_p, ctypes.c_int64
+_ARGUMENTS = (_POINTER, _SIZE, _POINTER, _POINTER, _POINTER, _SIZE, _SIZE, _SIZE)
 
 
 def available() -> bool:
     """Whether the kernel is built and loaded in this process (built now if it was not)."""
-    return _library() is not None
+    return _kernel() is not None
 
 
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    library = load_library(_SOURCE)
-    if library is not None:
-        function = library.packed_linear
-        function.restype = None
-        pointer, size = ctypes.c_void_p, ctypes.c_int64
-        function.argtypes = [pointer, size, pointer, pointer, pointer, size, size, size]
-    return library
+def _kernel() -> Any:
+    return kernel_function(_SOURCE, "packed_linear", _ARGUMENTS)
 
 
 def pack_weight(weight: Tensor) -> Tensor:
@@ -64,8 +59,8 @@ _OPS.define(  # type: ignore[no-untyped-call]
 def _packed_linear_cpu(
     input: Tensor, packed_weight: Tensor, bias: Tensor | None, out_features: int
 ) -> Tensor:
-    library = _library()
-    if library is None:
+    kernel = _kernel()
+    if kernel is None:
         raise RuntimeError("the packed linear kernel is not available on this machine")
     if packed_weight.dim() != 3 or packed_weight.shape[2] != PANEL or packed_weight.dtype != torch.float32:
         raise ValueError("packed_weight must come from pack_weight")
@@ -80,7 +75,7 @@ def _packed_linear_cpu(
     bias = bias.float().contiguous() if bias is not None else None
     packed_weight = packed_weight.contiguous()
     out = torch.empty((rows.shape[0], out_features), dtype=torch.float32)
-    library.packed_linear(
+    kernel(
         rows.data_ptr(),
         rows.stride(0),
         packed_weight.data_ptr(),

@@ -27,24 +27,15 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "vec16.h"
+
 #define LN2_HI 0.693359375f
 #define LN2_LO -2.12194440e-4f
 #define LOG2E 1.44269504088896341f
 #define LANES 16
 #define MAX_HEAD_DIM 512
 
-typedef float vec16 __attribute__((vector_size(64)));
 typedef int32_t lanes16 __attribute__((vector_size(64)));
-
-static inline vec16 load16(const float *p) {
-    vec16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void store16(float *p, vec16 v) { memcpy(p, &v, sizeof v); }
-
-static inline vec16 splat16(float x) { return (vec16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 
 /* exp(x) for x <= 0 (scores after the row maximum is subtracted); a few ulp from expf, and plain
  * arithmetic so that the loops calling it vectorize (libm's expf does not without -ffast-math). */

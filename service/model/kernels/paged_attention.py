@@ -14,33 +14,26 @@ works, `available()` is False and the step keeps its pure-torch attention.
 from __future__ import annotations
 
 import ctypes
-import functools
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from service.model.kernels.build import load_library
+from service.model.kernels.build import kernel_function
 
 _SOURCE = Path(__file__).with_name("paged_attention.c")
-_POINTERS = 10
-_SIZES = 10
+_ARGUMENTS = (ctypes.c_void_p,) * 10 + (ctypes.c_int64,) * 10 + (ctypes.c_float,)
 
 
 def available() -> bool:
     """Whether the kernel is built and loaded in this process (built now if it was not)."""
-    return _library() is not None
+    return _kernel() is not None
 
 
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    library = load_library(_SOURCE)
-    if library is not None:
-        function = library.paged_decode_attention
-        function.restype = None
-        function.argtypes = [ctypes.c_void_p] * _POINTERS + [ctypes.c_int64] * _SIZES + [ctypes.c_float]
-    return library
+def _kernel() -> Any:
+    return kernel_function(_SOURCE, "paged_decode_attention", _ARGUMENTS)
 
 
 # Defined through the low-level registration API: a `torch.library.custom_op` wrapper cost about
@@ -65,8 +58,8 @@ def _paged_decode_attention_cpu(
     bias: Tensor | None,
     scale: float,
 ) -> Tensor:
-    library = _library()
-    if library is None:
+    kernel = _kernel()
+    if kernel is None:
         raise RuntimeError("the paged attention kernel is not available on this machine")
     batch, heads, head_dim = queries.shape
     kv_heads, num_blocks, block_size, _ = key_pages.shape
@@ -78,7 +71,7 @@ def _paged_decode_attention_cpu(
     bias = bias.float().contiguous() if bias is not None else None
     out = torch.empty((batch, heads, head_dim), dtype=torch.float32)
     scores = torch.empty(window_blocks.shape[1] * block_size, dtype=torch.float32)
-    library.paged_decode_attention(
+    kernel(
         queries.data_ptr(),
         new_keys.data_ptr(),
         new_values.data_ptr(),

@@ -1,0 +1,22 @@
+/*
+ * Sixteen floats as one GCC vector: lowered to AVX-512, AVX2 or NEON, whatever `-march=native`
+ * finds. Loads and stores go through memcpy, so no pointer needs any alignment.
+ */
+#ifndef PE_SERVE_VEC16_H
+#define PE_SERVE_VEC16_H
+
+#include <string.h>
+
+typedef float vec16 __attribute__((vector_size(64)));
+
+static inline vec16 load16(const float *p) {
+    vec16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store16(float *p, vec16 v) { memcpy(p, &v, sizeof v); }
+
+static inline vec16 splat16(float x) { return (vec16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+
+#endif
