@@ -19,7 +19,7 @@ from pe_runtime import RopeScaling
 from service.engine.core import DecodeSettings
 from service.engine.engine import InferenceEngine, load_models
 from service.engine.types import GenerationRequest, GenerationResult, SamplingParams
-from service.model.fast_decode import FastDecoder
+from service.model.fast_decode import FastDecoder, uses_cpu_kernels
 from service.model.kernels import packed_linear, paged_attention
 from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows
 from service.model.refresh import recompute_row, stale_rows
@@ -130,6 +130,27 @@ def test_reference_step_equals_the_full_pass(
     model = tiny_transformer(native_context=overrides.pop("native_context", NATIVE), **overrides, **heads)
     decoder = FastDecoder(model, pool_for(model), max_window=128, compile=False, cpu_kernels=kernel)
     assert decode_and_compare(model, decoder, scalings) < TOLERANCE
+
+
+@pytest.mark.skipif(
+    not (paged_attention.available() and packed_linear.available()), reason="no C compiler builds the kernels"
+)
+def test_batches_take_the_kernels_only_on_one_thread_in_float32() -> None:
+    """The kernels are single-threaded and float32: elsewhere the batch keeps the torch path."""
+    model = tiny_transformer(native_context=NATIVE, pe="rope")
+    assert uses_cpu_kernels(pool_for(model))
+    decoder = FastDecoder(model, pool_for(model), max_window=128, compile=False)
+    assert decoder.batch_shape.cpu_kernels and not decoder.shape.cpu_kernels
+    assert decoder.batch_weights.layers[0].qkv.dim() == 3  # packed panels
+    cpu = torch.device("cpu")
+    double = PagedKVCache.within(model.config, 0, min_tokens=64, device=cpu, dtype=torch.float64)
+    assert not uses_cpu_kernels(double)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert not uses_cpu_kernels(pool_for(model))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_compiled_step_equals_the_full_pass_for_a_mixed_batch() -> None:
