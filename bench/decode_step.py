@@ -60,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         cold = compile_seconds(args.model_dir)
         warm = warm_start_seconds(args)
         rows = {batch: measure(args, batch) for batch in args.batches}
+        c_batches = decoder_for(args.model_dir).batch_step is not None
     load = f"{load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end, {os.cpu_count()} CPUs"
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(report(args, rows, cold, warm, load))
+    args.output.write_text(report(args, rows, cold, warm, load, c_batches=c_batches))
     print(args.output.read_text())
     return 0
 
@@ -139,7 +140,13 @@ def run(decoder: FastDecoder, batch: int, args: argparse.Namespace, *, compiled:
 
 
 def report(
-    args: argparse.Namespace, rows: dict[int, dict[str, float]], cold: float, warm: float, load: str
+    args: argparse.Namespace,
+    rows: dict[int, dict[str, float]],
+    cold: float,
+    warm: float,
+    load: str,
+    *,
+    c_batches: bool,
 ) -> str:
     command = " ".join(["python -m bench.decode_step", *sys.argv[1:]])
     lines = [
@@ -153,6 +160,15 @@ def report(
         f"{args.prompt_tokens} to {args.prompt_tokens + args.steps}); ms are medians over the steps, then "
         f"over {args.repeats} alternating repeats; the ratio is the median of per-repeat ratios.",
         "",
+        "The compiled side is `FastDecoder.step`, the engine's step with `--compile`: the compiled "
+        "torch step for a lone row and, "
+        + (
+            "for batches, the whole step as one C call (`service/model/kernels/batch_step.c`; a "
+            "float32 pool on one torch thread)."
+            if c_batches
+            else "for batches too, the compiled torch step (no C batch step on this setup)."
+        ),
+        "",
         "| batch | eager ms/step | compiled ms/step | eager / compiled |",
         "|---:|---:|---:|---:|",
     ]
@@ -160,8 +176,9 @@ def report(
         lines.append(f"| {batch} | {row['eager']:.3f} | {row['compiled']:.3f} | {row['ratio']:.2f}x |")
     lines += [
         "",
-        f"Compile time at start-up (every window bucket from 64 to {MAX_WINDOW} keys, for one row and "
-        f"for batches): **{cold:.1f} s** with an empty inductor cache, **{warm:.1f} s** in a new process "
+        f"Compile time at start-up (every window bucket from 64 to {MAX_WINDOW} keys, for one row"
+        f"{'' if c_batches else ' and for batches'}): **{cold:.1f} s** with an empty inductor cache, "
+        f"**{warm:.1f} s** in a new process "
         "with the cache filled. Models of the same architecture and scheme share the compiled code; "
         "each further scheme pays its own compile.",
     ]

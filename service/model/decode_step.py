@@ -8,11 +8,10 @@ on the batch size and the window (a power of two of blocks), so `torch.compile` 
 per window bucket and replays it for every step of that shape. The model's weights are arguments
 too, not constants, so every model with the same architecture and scheme shares the compiled code.
 
-On a CPU in float32 a batch's attention and matrix products are C kernels, opaque ops to the
-compiler (`service.model.kernels`): attention that reads each row's own keys, and products over
-weights packed once for them (`pack_weights(..., packed=True)`). Elsewhere attention is the
-kernel's torch reference, which the compiler fuses over the whole window, and the products are
-`F.linear`.
+Attention is `reference_paged_decode_attention`, which the compiler fuses over the whole window.
+On a CPU in float32 a batch skips this function: `service.model.kernels.batch_step` runs the same
+layers in C after the same `step_prelude`, over weights packed for it (`pack_weights(...,
+packed=True)`).
 
 The math is the eager model's (`service.model.transformer`) step for step, with the query, key
 and value projections fused into one matrix product and the gate and up projections into another.
@@ -28,8 +27,8 @@ from torch import Tensor
 
 from pe_runtime.rope import apply_rope
 from service.model.config import RopeLayout, Scheme
-from service.model.kernels.packed_linear import pack_weight, packed_linear
-from service.model.kernels.paged_attention import paged_decode_attention, reference_paged_decode_attention
+from service.model.kernels.packed_linear import pack_weight
+from service.model.kernels.paged_attention import reference_paged_decode_attention
 from service.model.transformer import Block, Transformer, rms_norm
 
 
@@ -44,11 +43,10 @@ class StepShape(NamedTuple):
     embedding_scale: float
     rope_layout: RopeLayout
     block_size: int
-    cpu_kernels: bool  # attention and products by `service.model.kernels` (CPU, float32)
 
 
 class LayerWeights(NamedTuple):
-    """Matrices are [N, K], or their `pack_weight` panels [ceil(N / 32), K, 32] for the C kernels."""
+    """Matrices are [N, K], or their `pack_weight` panels [ceil(N / 32), K, 32] for the C step."""
 
     attn_norm: Tensor  # [D]
     qkv: Tensor  # [(H + 2 Hkv) * hd, D]
@@ -81,7 +79,7 @@ class StepInputs(NamedTuple):
     t5_buckets: Tensor | None  # [2 W - 1], the bucket of key k for query q at k - q + W - 1
 
 
-def step_shape(model: Transformer, block_size: int, *, cpu_kernels: bool) -> StepShape:
+def step_shape(model: Transformer, block_size: int) -> StepShape:
     config = model.config
     return StepShape(
         pe=config.pe,
@@ -92,14 +90,13 @@ def step_shape(model: Transformer, block_size: int, *, cpu_kernels: bool) -> Ste
         embedding_scale=config.embedding_scale,
         rope_layout=config.rope_layout,
         block_size=block_size,
-        cpu_kernels=cpu_kernels,
     )
 
 
 @torch.no_grad()
 def pack_weights(model: Transformer, *, packed: bool = False) -> StepWeights:
     """The model's weights in the step's layout (fused projections are copies, made once);
-    `packed` lays the matrices out in panels for the C product kernel (copies too)."""
+    `packed` lays the matrices out in panels for the C batch step (copies too)."""
     matrix = pack_weight if packed else _as_is
     layers = []
     for block in cast(list[Block], list(model.layers)):
@@ -136,49 +133,48 @@ def decode_one_token(
 ) -> Tensor:
     """Logits float32 [B, V]; writes each row's new key and value into its block at its position."""
     batch = inputs.tokens.shape[0]
-    vocab_size, d_model = weights.embed.shape
-    window = inputs.window_blocks.shape[1] * shape.block_size
     heads, kv_heads, head_dim = shape.n_heads, shape.n_kv_heads, shape.head_dim
-    positions = inputs.positions
-    hidden = weights.embed[inputs.tokens] * shape.embedding_scale  # [B, D]
-    if inputs.absolute is not None and inputs.table_index is not None:
-        hidden = hidden + inputs.absolute[inputs.table_index, positions].to(hidden.dtype)
-    rope = None
-    if inputs.rope_cos is not None and inputs.rope_sin is not None and inputs.table_index is not None:
-        rope = (
-            inputs.rope_cos[inputs.table_index, positions][:, None],  # [B, 1, rotary_dim]
-            inputs.rope_sin[inputs.table_index, positions][:, None],
-        )
-    distance = torch.arange(window, device=positions.device)[None, :] - positions[:, None]  # [B, W], k - q
-    bias = _scheme_bias(weights, inputs, distance, window)  # [B, H, W] float32, or None
-    attend = paged_decode_attention if shape.cpu_kernels else reference_paged_decode_attention
+    hidden, rope, bias = step_prelude(shape, weights, inputs)
     for layer, keys_pages, values_pages in zip(weights.layers, key_pages, value_pages, strict=True):
         normed = rms_norm(hidden, layer.attn_norm, shape.norm_eps)
-        qkv = _linear(shape, normed, layer.qkv, (heads + 2 * kv_heads) * head_dim, layer.qkv_bias)
+        qkv = F.linear(normed, layer.qkv, layer.qkv_bias)
         queries = qkv[:, : heads * head_dim].view(batch, heads, head_dim)
         keys = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(batch, kv_heads, head_dim)
         values = qkv[:, (heads + kv_heads) * head_dim :].view(batch, kv_heads, head_dim)
         if rope is not None:
-            queries = apply_rope(queries, *rope, layout=shape.rope_layout)
-            keys = apply_rope(keys, *rope, layout=shape.rope_layout)
-        pages = (keys_pages, values_pages, inputs.window_blocks, positions)
-        attended = attend(queries, keys, values, *pages, bias, head_dim**-0.5).view(batch, -1)  # [B, H * hd]
-        hidden = hidden + _linear(shape, attended.to(hidden.dtype), layer.o_proj, d_model)
+            cos, sin = rope[0][:, None], rope[1][:, None]  # [B, 1, rotary_dim]
+            queries = apply_rope(queries, cos, sin, layout=shape.rope_layout)
+            keys = apply_rope(keys, cos, sin, layout=shape.rope_layout)
+        pages = (keys_pages, values_pages, inputs.window_blocks, inputs.positions)
+        attended = reference_paged_decode_attention(queries, keys, values, *pages, bias, head_dim**-0.5)
+        hidden = hidden + F.linear(attended.view(batch, -1).to(hidden.dtype), layer.o_proj)  # [B, H * hd] in
         normed = rms_norm(hidden, layer.mlp_norm, shape.norm_eps)
-        ffn_hidden = layer.down.shape[1]  # K of the down projection, packed or not
-        gate, up = _linear(shape, normed, layer.gate_up, 2 * ffn_hidden).chunk(2, dim=-1)
-        hidden = hidden + _linear(shape, F.silu(gate) * up, layer.down, d_model)
-    logits = _linear(shape, rms_norm(hidden, weights.final_norm, shape.norm_eps), weights.lm_head, vocab_size)
+        gate, up = F.linear(normed, layer.gate_up).chunk(2, dim=-1)
+        hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
+    logits = F.linear(rms_norm(hidden, weights.final_norm, shape.norm_eps), weights.lm_head)
     return logits.float()
 
 
-def _linear(
-    shape: StepShape, x: Tensor, weight: Tensor, out_features: int, bias: Tensor | None = None
-) -> Tensor:
-    """`F.linear`, or the C kernel over the weight's panels where the step's weights are packed."""
-    if shape.cpu_kernels:
-        return packed_linear(x, weight, bias, out_features)
-    return F.linear(x, weight, bias)
+class StepPrelude(NamedTuple):
+    """What every row brings into the layers, from its token and position."""
+
+    hidden: Tensor  # [B, D] the embedded token, absolute positions added
+    rope: tuple[Tensor, Tensor] | None  # cos, sin [B, rotary_dim] at the row's position
+    bias: Tensor | None  # [B, H, W] float32, the scheme's bias on the attention scores
+
+
+def step_prelude(shape: StepShape, weights: StepWeights, inputs: StepInputs) -> StepPrelude:
+    """The step's inputs to its layers: shared by the torch step and the C batch step."""
+    window = inputs.window_blocks.shape[1] * shape.block_size
+    positions = inputs.positions
+    hidden = weights.embed[inputs.tokens] * shape.embedding_scale
+    if inputs.absolute is not None and inputs.table_index is not None:
+        hidden = hidden + inputs.absolute[inputs.table_index, positions].to(hidden.dtype)
+    rope = None
+    if inputs.rope_cos is not None and inputs.rope_sin is not None and inputs.table_index is not None:
+        rope = inputs.rope_cos[inputs.table_index, positions], inputs.rope_sin[inputs.table_index, positions]
+    distance = torch.arange(window, device=positions.device)[None, :] - positions[:, None]  # [B, W], k - q
+    return StepPrelude(hidden, rope, _scheme_bias(weights, inputs, distance, window))
 
 
 def _as_is(weight: Tensor) -> Tensor:

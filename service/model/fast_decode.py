@@ -8,10 +8,12 @@ by every model of the same architecture and scheme. Everything else takes the ea
 window past `max_window` (long contexts, where attention's memory reads dominate and the
 compiler gains little), and schemes whose attention is not a bias on the scores.
 
-A batch on a CPU in float32 runs its attention and matrix products as the C kernels of
-`service.model.kernels` (`uses_cpu_kernels`): attention reads each row's own keys, where the
-torch attention reads every row's whole window bucket, and the products read weights packed once
-for them, where the BLAS call repacks them every time.
+A batch on a CPU in float32 with torch on one thread (`uses_cpu_kernels`) runs instead the whole
+step in C, `service.model.kernels.batch_step`, after the same `step_prelude` (embedding, each
+row's tables, the scheme's bias): its attention reads each row's own keys, where the torch
+attention reads every row's whole window bucket; its products read weights packed once for them,
+where the BLAS call repacks them every time; and one call replaces the compiled graph's guards,
+wrappers and per-op dispatches. Only the lone-row entries are compiled then.
 
 The positional tables a batch reads are gathered into stacks once and reused while the rows, their
 tables and the window stay the same; a step then only indexes them through `table_index`.
@@ -30,8 +32,8 @@ from torch import Tensor
 
 from pe_runtime import RopeScaling
 from service.model.config import Scheme
-from service.model.decode_step import StepInputs, decode_one_token, pack_weights, step_shape
-from service.model.kernels import packed_linear, paged_attention
+from service.model.decode_step import StepInputs, decode_one_token, pack_weights, step_prelude, step_shape
+from service.model.kernels import batch_step
 from service.model.paged_cache import PagedKVCache, PagedRows
 from service.model.positional import StepTables
 from service.model.transformer import Transformer
@@ -87,23 +89,20 @@ class FastDecoder:
         cpu_kernels: bool | None = None,
     ) -> None:
         """`compile=False` runs the same step uncompiled (the reference the tests use);
-        `cpu_kernels` picks the attention and products of batches (`uses_cpu_kernels` decides where
-        it is None).
+        `cpu_kernels` says whether batches run the C step (`uses_cpu_kernels` decides where it is
+        None).
 
-        A lone row keeps the compiled torch step it had before the kernels: its whole step is one
-        fused loop of about 0.4 ms (the compiler turns one row's products into loops it fuses), and
-        a kernel call costs 5-10 us. Whether the attention kernel would still help it is not
-        settled: the probe that found 0.46 ms a step with it against 0.37 without also ran two
-        decoders side by side, and such pairs later gave identical code 0.64-0.86x of each other."""
+        A lone row keeps the compiled torch step: its whole step is one fused loop of about 0.4 ms
+        (the compiler turns one row's products into loops it fuses). Whether the C step would
+        help it is not measured."""
         self.model = model
         self.pool = pool
         self.max_window = max_window
         if cpu_kernels is None:
             cpu_kernels = uses_cpu_kernels(pool)
-        self.shape = step_shape(model, pool.block_size, cpu_kernels=False)
-        self.batch_shape = self.shape._replace(cpu_kernels=cpu_kernels)
+        self.shape = step_shape(model, pool.block_size)
         self.weights = pack_weights(model)
-        self.batch_weights = pack_weights(model, packed=True) if cpu_kernels else self.weights
+        self.batch_step = _batch_step(model, pool) if cpu_kernels else None
         self.compile_seconds = 0.0
         self._step = compiled_step() if compile else decode_one_token
         self._tables: tuple[Hashable, StepTables] | None = None
@@ -130,14 +129,15 @@ class FastDecoder:
         return sizes
 
     def warm_up(self) -> float:
-        """Compile every bucket now, for one row and for several; returns the seconds it took.
+        """Compile every bucket now, for one row and (without the C batch step) for several;
+        returns the seconds it took.
 
         The dummy steps write only the pool's scratch block, which no row ever reads.
         """
         started = time.perf_counter()
         scaling = self.model.positions.default_scaling
         for window in self.windows():
-            for batch in (1, 2):
+            for batch in (1,) if self.batch_step is not None else (1, 2):
                 blocks = torch.zeros(
                     batch, window // self.pool.block_size, dtype=torch.long, device=self._device
                 )
@@ -199,9 +199,10 @@ class FastDecoder:
             if stack is not None:
                 torch._dynamo.mark_dynamic(stack, 0)
         with torch.inference_mode():
-            batched = len(tokens) > 1
-            shape, weights = (self.batch_shape, self.batch_weights) if batched else (self.shape, self.weights)
-            logits: Tensor = self._step(shape, weights, inputs, self.pool.keys, self.pool.values)
+            if self.batch_step is not None and len(tokens) > 1:
+                hidden, rope, bias = step_prelude(self.shape, self.weights, inputs)
+                return self.batch_step(hidden, rope, bias, inputs.window_blocks, inputs.positions)
+            logits: Tensor = self._step(self.shape, self.weights, inputs, self.pool.keys, self.pool.values)
         return logits
 
     def _step_tables(
@@ -228,13 +229,33 @@ class FastDecoder:
 
 
 def uses_cpu_kernels(pool: PagedKVCache) -> bool:
-    """Whether a batch's attention and products can be the C kernels: a float32 pool on the CPU,
-    with torch on one intra-op thread (the kernels run on one; with more, the compiler's parallel
-    loops and BLAS's threads win)."""
+    """Whether batches can run the C step: a float32 pool on the CPU, with torch on one intra-op
+    thread (the step runs on one; with more, the compiler's parallel loops and BLAS's threads win)."""
     pages = pool.keys[0]
     cpu_float = pages.device.type == "cpu" and pages.dtype == torch.float32
-    built = paged_attention.available() and packed_linear.available()
-    return cpu_float and torch.get_num_threads() == 1 and built
+    return cpu_float and torch.get_num_threads() == 1 and batch_step.available()
+
+
+def _batch_step(model: Transformer, pool: PagedKVCache) -> batch_step.BatchStep:
+    """The C step over the model's weights, packed for it (a copy: the lone-row step keeps its own)."""
+    config, weights = model.config, pack_weights(model, packed=True)
+    rotary_dim = config.rotary_dim if config.has_rope else 0
+    sizes = batch_step.StepSizes(
+        d_model=config.d_model,
+        heads=config.n_heads,
+        kv_heads=config.n_kv_heads,
+        head_dim=config.head_dim,
+        ffn=config.ffn_hidden,
+        vocab=config.vocab_size,
+        rotary_dim=rotary_dim,
+        interleaved=config.rope_layout == "gptj",
+        norm_eps=config.norm_eps,
+    )
+    layers = [
+        (layer.attn_norm, layer.qkv, layer.qkv_bias, layer.o_proj, layer.mlp_norm, layer.gate_up, layer.down)
+        for layer in weights.layers
+    ]
+    return batch_step.BatchStep(sizes, layers, weights.final_norm, weights.lm_head, pool.keys, pool.values)
 
 
 def _two_or_more(tables: StepTables) -> dict[str, Tensor]:

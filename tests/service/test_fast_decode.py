@@ -20,7 +20,7 @@ from service.engine.core import DecodeSettings
 from service.engine.engine import InferenceEngine, load_models
 from service.engine.types import GenerationRequest, GenerationResult, SamplingParams
 from service.model.fast_decode import FastDecoder, uses_cpu_kernels
-from service.model.kernels import packed_linear, paged_attention
+from service.model.kernels import batch_step
 from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows
 from service.model.refresh import recompute_row, stale_rows
 from service.model.transformer import Transformer
@@ -121,7 +121,7 @@ def test_reference_step_equals_the_full_pass(
     """Both paths of batches: torch's, and the C kernels (attention on its vector path: 16-wide heads)."""
     overrides = dict(overrides)  # the case's own dict is shared by both paths
     kernel = path == "kernels"
-    if kernel and not (paged_attention.available() and packed_linear.available()):
+    if kernel and not batch_step.available():
         pytest.skip("no C compiler builds the kernels here")
     heads = {"head_dim_override": WIDE_HEAD} if kernel else {}
     if kernel:
@@ -132,16 +132,13 @@ def test_reference_step_equals_the_full_pass(
     assert decode_and_compare(model, decoder, scalings) < TOLERANCE
 
 
-@pytest.mark.skipif(
-    not (paged_attention.available() and packed_linear.available()), reason="no C compiler builds the kernels"
-)
+@pytest.mark.skipif(not batch_step.available(), reason="no C compiler builds the kernels here")
 def test_batches_take_the_kernels_only_on_one_thread_in_float32() -> None:
     """The kernels are single-threaded and float32: elsewhere the batch keeps the torch path."""
     model = tiny_transformer(native_context=NATIVE, pe="rope")
     assert uses_cpu_kernels(pool_for(model))
     decoder = FastDecoder(model, pool_for(model), max_window=128, compile=False)
-    assert decoder.batch_shape.cpu_kernels and not decoder.shape.cpu_kernels
-    assert decoder.batch_weights.layers[0].qkv.dim() == 3  # packed panels
+    assert decoder.batch_step is not None
     cpu = torch.device("cpu")
     double = PagedKVCache.within(model.config, 0, min_tokens=64, device=cpu, dtype=torch.float64)
     assert not uses_cpu_kernels(double)

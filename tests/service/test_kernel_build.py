@@ -15,7 +15,7 @@ SOURCES = sorted(Path(build.__file__).parent.glob("*.c"))
 
 
 def test_every_kernel_source_is_found() -> None:
-    assert {source.stem for source in SOURCES} == {"packed_linear", "paged_attention"}
+    assert {source.stem for source in SOURCES} == {"batch_step", "packed_linear", "paged_attention"}
 
 
 def test_a_compiler_that_fails_is_reported_with_its_message(
@@ -55,15 +55,16 @@ def test_a_cache_directory_of_another_user_is_refused(
         build.built_library(SOURCES[0])
 
 
-def test_an_edited_header_builds_a_new_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The headers a source includes are part of its key: a stale library is never loaded."""
+def test_an_edited_neighbour_builds_a_new_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sources and headers a source may include are part of its key: a stale library is never
+    loaded."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     sources = tmp_path / "src"
     sources.mkdir()
     for path in Path(build.__file__).parent.glob("*.[ch]"):
         (sources / path.name).write_bytes(path.read_bytes())
-    first = build.built_library(sources / "packed_linear.c")
-    header = sources / "vec16.h"
-    header.write_text(header.read_text() + "\n/* edited */\n")
-    second = build.built_library(sources / "packed_linear.c")
-    assert first != second and first.exists() and second.exists()
+    built = [build.built_library(sources / "batch_step.c")]
+    for neighbour in ("vec16.h", "paged_attention.c"):
+        (sources / neighbour).write_text((sources / neighbour).read_text() + "\n/* edited */\n")
+        built.append(build.built_library(sources / "batch_step.c"))
+    assert len(set(built)) == 3 and all(library.exists() for library in built)

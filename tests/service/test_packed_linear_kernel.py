@@ -1,4 +1,4 @@
-"""The C product kernel against `F.linear` on the unpacked weight, eagerly and in a compiled graph.
+"""The C product kernel against `F.linear` on the unpacked weight.
 
 Row counts cover a lone row, every remainder of the kernel's 8-row tiles and more than one tile;
 output widths cover whole panels of 32 and a last partial one (a zoo vocabulary of 258); inputs
@@ -53,18 +53,3 @@ def test_a_weight_that_was_not_packed_is_refused() -> None:
         packed_linear(torch.randn(2, 32), weight, None, 64)
     with pytest.raises(ValueError, match="features"):
         packed_linear(torch.randn(2, 31), pack_weight(weight), None, 64)
-
-
-def test_a_compiled_graph_calls_the_kernel() -> None:
-    weight, bias = weights(258, 192)
-    packed = pack_weight(weight)
-
-    @torch.compile(fullgraph=True, dynamic=True)
-    def project(x: torch.Tensor) -> torch.Tensor:
-        return packed_linear(torch.relu(x), packed, bias, 258) * 2.0
-
-    for rows in (2, 5, 16):
-        x = torch.randn(rows, 192)
-        with torch.inference_mode():
-            out = project(x)
-        torch.testing.assert_close(out, F.linear(torch.relu(x), weight, bias) * 2.0, atol=1e-4, rtol=1e-4)

@@ -38,12 +38,16 @@ def kernel_function(source: Path, name: str, argtypes: tuple[Any, ...]) -> Any:
 
 
 def built_library(source: Path) -> Path:
-    """The shared library for this source, its headers, flags and CPU, compiled once per machine."""
+    """The shared library for this source, flags and CPU, compiled once per machine.
+
+    The key covers every source and header beside it, since a source may include the others.
+    """
     compiler = os.environ.get("CC", "gcc")
     fingerprint = hashlib.sha256()
-    headers = [header.read_bytes() for header in sorted(source.parent.glob("*.h"))]
-    for part in (source.read_bytes(), *headers, " ".join((compiler, *FLAGS)).encode()):
+    neighbours = sorted(path for path in source.parent.iterdir() if path.suffix in (".c", ".h"))
+    for part in (source.read_bytes(), *(path.read_bytes() for path in neighbours)):
         fingerprint.update(part)
+    fingerprint.update(" ".join((compiler, *FLAGS)).encode())
     fingerprint.update(_cpu_description().encode())
     directory = _cache_directory()
     target = directory / f"{source.stem}-{fingerprint.hexdigest()[:16]}.so"

@@ -1,4 +1,4 @@
-"""The decode step's matrix products for a batch of rows on a CPU, as a C kernel and a torch op.
+"""The decode step's matrix products for a batch of rows on a CPU, as a C kernel over packed weights.
 
 At a batch of 2 to 64 rows, the BLAS call behind `F.linear` repacks the weight on every call;
 with a model's weights in L3 rather than L2 (a whole step's worth), a zoo model's products took
@@ -10,7 +10,6 @@ reads front to back (`packed_linear.c`).
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,17 +47,10 @@ def unpack_weight(packed: Tensor, out_features: int) -> Tensor:
     return packed.transpose(1, 2).reshape(-1, packed.shape[1])[:out_features]
 
 
-# Registered like `paged_decode_attention`, through the low-level API (a far cheaper call than
-# `torch.library.custom_op`'s wrapper, and a step makes 4 per layer).
-_OPS = torch.library.Library("pe_serve", "FRAGMENT")  # type: ignore[no-untyped-call]
-_OPS.define(  # type: ignore[no-untyped-call]
-    "packed_linear(Tensor input, Tensor packed_weight, Tensor? bias, int out_features) -> Tensor"
-)
-
-
-def _packed_linear_cpu(
-    input: Tensor, packed_weight: Tensor, bias: Tensor | None, out_features: int
-) -> Tensor:
+def packed_linear(input: Tensor, packed_weight: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
+    """float32 [..., N]: `F.linear(input, weight, bias)` with the weight as `pack_weight` packed it.
+    CPU only; `available()` says whether it can run. The batch step (`batch_step.c`) calls the same
+    C function; this binding is the kernel's own, for its tests."""
     kernel = _kernel()
     if kernel is None:
         raise RuntimeError("the packed linear kernel is not available on this machine")
@@ -86,19 +78,3 @@ def _packed_linear_cpu(
         out_features,
     )
     return out.view(*input.shape[:-1], out_features)
-
-
-_OPS.impl("packed_linear", _packed_linear_cpu, "CPU")  # type: ignore[no-untyped-call]
-
-
-def _shape_only(input: Tensor, packed_weight: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
-    """What the compiler traces with: the output's shape, dtype and device."""
-    return input.new_empty((*input.shape[:-1], out_features), dtype=torch.float32)
-
-
-torch.library.register_fake("pe_serve::packed_linear", _shape_only)  # type: ignore[no-untyped-call]
-
-
-packed_linear: Callable[..., Tensor] = torch.ops.pe_serve.packed_linear.default
-"""float32 [..., N]: `F.linear(input, weight, bias)` with the weight as `pack_weight` packed it.
-CPU only; `available()` says whether it can run."""

@@ -32,16 +32,19 @@
 #define LN2_HI 0.693359375f
 #define LN2_LO -2.12194440e-4f
 #define LOG2E 1.44269504088896341f
+#define ROUNDING 12582912.0f
 #define LANES 16
 #define MAX_HEAD_DIM 512
 
 typedef int32_t lanes16 __attribute__((vector_size(64)));
 
 /* exp(x) for x <= 0 (scores after the row maximum is subtracted); a few ulp from expf, and plain
- * arithmetic so that the loops calling it vectorize (libm's expf does not without -ffast-math). */
+ * arithmetic so that the loops calling it vectorize (libm's expf does not without -ffast-math).
+ * n = x / ln2 rounded to nearest by adding and taking away 1.5 * 2^23: floorf would not vectorize
+ * under the default -ftrapping-math. */
 static inline float exp_nonpositive(float x) {
     x = x < -87.0f ? -87.0f : x;
-    float n = floorf(x * LOG2E + 0.5f);
+    float n = (x * LOG2E + ROUNDING) - ROUNDING;
     float r = x - n * LN2_HI - n * LN2_LO; /* |r| <= ln2 / 2 */
     float p = 1.98412698e-4f;
     p = p * r + 1.38888889e-3f;

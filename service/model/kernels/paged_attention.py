@@ -1,4 +1,4 @@
-"""Decode attention over the paged KV pool as a C kernel for CPUs, and the torch op that calls it.
+"""Decode attention over the paged KV pool as a C kernel for CPUs, and its torch reference.
 
 A compiled decode step has fixed shapes, so its attention reads every row's whole window (a
 power of two of positions): a row 65 keys long reads 128, and a batch with one long row makes
@@ -14,7 +14,6 @@ works, `available()` is False and the step keeps its pure-torch attention.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +35,7 @@ def _kernel() -> Any:
     return kernel_function(_SOURCE, "paged_decode_attention", _ARGUMENTS)
 
 
-# Defined through the low-level registration API: a `torch.library.custom_op` wrapper cost about
-# 50 us a call on two cores (4 calls a step), this about 5. The schema marks the pages as written,
-# so the compiler orders the op after earlier writes and passes the pool itself, with no copy.
-# torch.library's registration functions carry no annotations, hence the ignores below.
-_OPS = torch.library.Library("pe_serve", "FRAGMENT")  # type: ignore[no-untyped-call]
-_OPS.define(  # type: ignore[no-untyped-call]
-    "paged_decode_attention(Tensor queries, Tensor new_keys, Tensor new_values, Tensor(a!) key_pages, "
-    "Tensor(b!) value_pages, Tensor window_blocks, Tensor positions, Tensor? bias, float scale) -> Tensor"
-)
-
-
-def _paged_decode_attention_cpu(
+def paged_decode_attention(
     queries: Tensor,
     new_keys: Tensor,
     new_values: Tensor,
@@ -58,6 +46,10 @@ def _paged_decode_attention_cpu(
     bias: Tensor | None,
     scale: float,
 ) -> Tensor:
+    """float32 [B, H, hd]: each row's query over its keys 0..position, after writing its new key and
+    value at position. `bias` [B, H, W] is added to the scaled scores (the causal mask needs none:
+    later keys are never read). CPU only; `available()` says whether it can run. The batch step
+    (`batch_step.c`) calls the same C function; this binding is the kernel's own, for its tests."""
     kernel = _kernel()
     if kernel is None:
         raise RuntimeError("the paged attention kernel is not available on this machine")
@@ -103,33 +95,6 @@ def _rows_of_heads(tensor: Tensor) -> Tensor:
     if tensor.stride(2) != 1 or tensor.stride(1) != tensor.shape[2]:
         tensor = tensor.contiguous()
     return tensor
-
-
-_OPS.impl("paged_decode_attention", _paged_decode_attention_cpu, "CPU")  # type: ignore[no-untyped-call]
-
-
-def _shape_only(
-    queries: Tensor,
-    new_keys: Tensor,
-    new_values: Tensor,
-    key_pages: Tensor,
-    value_pages: Tensor,
-    window_blocks: Tensor,
-    positions: Tensor,
-    bias: Tensor | None,
-    scale: float,
-) -> Tensor:
-    """What the compiler traces with: the output's shape, dtype and device."""
-    return torch.empty(queries.shape, dtype=torch.float32, device=queries.device)
-
-
-torch.library.register_fake("pe_serve::paged_decode_attention", _shape_only)  # type: ignore[no-untyped-call]
-
-
-paged_decode_attention: Callable[..., Tensor] = torch.ops.pe_serve.paged_decode_attention.default
-"""float32 [B, H, hd]: each row's query over its keys 0..position, after writing its new key and
-value at position. `bias` [B, H, W] is added to the scaled scores (the causal mask needs none:
-later keys are never read). CPU only; `available()` says whether it can run."""
 
 
 def reference_paged_decode_attention(

@@ -1,0 +1,147 @@
+"""A batch's whole decode step on a CPU as one C call (`batch_step.c`), set up once per model.
+
+Run as torch ops inside a compiled graph, the step's 21 kernel calls (17 products, 4 attentions)
+each paid a dispatch, and the graph its guards and wrappers: at 16 rows of a zoo model, 0.4-0.5 ms
+of a 1.8 ms step went there (a /tmp probe timing the compiled call against the time inside the
+kernels). Here the pointers to the packed weights and the pool are gathered once, and a step
+passes only the per-row tensors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from service.model.kernels.build import kernel_function
+
+_SOURCE = Path(__file__).with_name("batch_step.c")
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_STEP_ARGUMENTS = (_P,) * 13 + (_I,) * 13 + (ctypes.c_float,)
+_WORKSPACE_ARGUMENTS = (_I,) * 7
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded in this process (built now if it was not)."""
+    return _step() is not None
+
+
+def _step() -> Any:
+    return kernel_function(_SOURCE, "batch_decode_step", _STEP_ARGUMENTS)
+
+
+def _workspace_floats() -> Any:
+    function = kernel_function(_SOURCE, "batch_step_workspace", _WORKSPACE_ARGUMENTS)
+    if function is not None:
+        function.restype = ctypes.c_int64
+    return function
+
+
+@dataclass(frozen=True)
+class StepSizes:
+    d_model: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    rotary_dim: int  # 0 without RoPE
+    interleaved: bool  # RoPE pairs (2i, 2i + 1) rather than (c, c + rotary_dim / 2)
+    norm_eps: float
+
+
+class BatchStep:
+    """One model's step over its pool. `layers` holds each layer's attn_norm, qkv (packed),
+    qkv_bias or None, o_proj (packed), mlp_norm, gate_up (packed) and down (packed); the matrices
+    come from `packed_linear.pack_weight`."""
+
+    def __init__(
+        self,
+        sizes: StepSizes,
+        layers: Sequence[Sequence[Tensor | None]],
+        final_norm: Tensor,
+        lm_head: Tensor,
+        key_pages: Sequence[Tensor],
+        value_pages: Sequence[Tensor],
+    ) -> None:
+        tensors = [tensor for layer in layers for tensor in layer] + [final_norm, lm_head]
+        tensors += [*key_pages, *value_pages]
+        for tensor in tensors:
+            if tensor is not None and (tensor.dtype != torch.float32 or not tensor.is_contiguous()):
+                raise ValueError("the step's weights and pages must be contiguous float32 tensors")
+        self.sizes = sizes
+        self._tensors = tensors  # the pointers below point into these: keep them alive
+        self._layers = _pointers([tensor for layer in layers for tensor in layer])
+        self._key_pages, self._value_pages = _pointers(key_pages), _pointers(value_pages)
+        self._final_norm, self._lm_head = final_norm.data_ptr(), lm_head.data_ptr()
+        self._n_layers = len(layers)
+        self._num_blocks, self._block_size = key_pages[0].shape[1], key_pages[0].shape[2]
+
+    def __call__(
+        self,
+        hidden: Tensor,
+        rope: tuple[Tensor, Tensor] | None,
+        bias: Tensor | None,
+        window_blocks: Tensor,
+        positions: Tensor,
+    ) -> Tensor:
+        """Logits float32 [B, V] from the embedded rows `hidden` [B, D] (overwritten), each row's
+        rotary tables at its position ([B, rotary_dim] each) and the scores' bias [B, H, W]."""
+        step, workspace_floats = _step(), _workspace_floats()
+        if step is None or workspace_floats is None:
+            raise RuntimeError("the batch step kernel is not available on this machine")
+        sizes = self.sizes
+        batch, blocks_per_row = window_blocks.shape
+        window = blocks_per_row * self._block_size
+        hidden = _floats(hidden)  # bound here: the C call reads its memory
+        cos, sin = (_floats(table) for table in rope) if rope is not None else (None, None)
+        bias = _floats(bias) if bias is not None else None
+        window_blocks, positions = (t.to(torch.int64).contiguous() for t in (window_blocks, positions))
+        floats = workspace_floats(
+            batch, sizes.d_model, sizes.heads, sizes.kv_heads, sizes.head_dim, sizes.ffn, window
+        )
+        workspace = torch.empty(floats, dtype=torch.float32)
+        logits = torch.empty((batch, sizes.vocab), dtype=torch.float32)
+        step(
+            hidden.data_ptr(),
+            cos.data_ptr() if cos is not None else None,
+            sin.data_ptr() if sin is not None else None,
+            bias.data_ptr() if bias is not None else None,
+            self._layers,
+            self._key_pages,
+            self._value_pages,
+            window_blocks.data_ptr(),
+            positions.data_ptr(),
+            self._final_norm,
+            self._lm_head,
+            logits.data_ptr(),
+            workspace.data_ptr(),
+            batch,
+            self._n_layers,
+            sizes.d_model,
+            sizes.heads,
+            sizes.kv_heads,
+            sizes.head_dim,
+            sizes.ffn,
+            sizes.vocab,
+            sizes.rotary_dim if rope is not None else 0,
+            int(sizes.interleaved),
+            self._num_blocks,
+            self._block_size,
+            blocks_per_row,
+            sizes.norm_eps,
+        )
+        return logits
+
+
+def _pointers(tensors: Sequence[Tensor | None]) -> ctypes.Array[ctypes.c_void_p]:
+    return (ctypes.c_void_p * len(tensors))(*(t.data_ptr() if t is not None else None for t in tensors))
+
+
+def _floats(tensor: Tensor) -> Tensor:
+    return tensor if tensor.dtype == torch.float32 and tensor.is_contiguous() else tensor.float().contiguous()
