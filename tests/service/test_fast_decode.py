@@ -151,8 +151,9 @@ def test_batches_take_the_kernels_only_on_one_thread_in_float32() -> None:
 
 
 def test_compiled_step_equals_the_full_pass_for_a_mixed_batch() -> None:
+    """The compiled torch step (GPUs, other dtypes, more threads), for lone rows and batches."""
     model = tiny_transformer(native_context=NATIVE, pe="rope")
-    decoder = FastDecoder(model, pool_for(model), max_window=128)
+    decoder = FastDecoder(model, pool_for(model), max_window=128, cpu_kernels=False)
     assert decode_and_compare(model, decoder, list(SCALINGS.values())) < TOLERANCE
 
 
