@@ -988,12 +988,18 @@ def section_workload(sizes: Sizes, results: dict[str, list[WorkloadRun]], work: 
         work.padded_key_reads / work.useful_key_reads,
         work.reference_steps / work.fewest_steps,
     )
-    reach = (
-        f"The goal ({PADDING_GOAL:.0f}x) is above all three ({bound:.2f}x at most): out of reach for this "
-        "workload by batching and removing padding alone."
-        if bound < PADDING_GOAL
-        else f"The goal ({PADDING_GOAL:.0f}x) is within the largest bound ({bound:.2f}x)."
-    )
+    if ratio > bound:
+        reach = (
+            f"The measured {ratio:.2f}x is above all three: besides doing less work, ours does each "
+            "unit of it faster (its decode step)."
+        )
+    elif bound < PADDING_GOAL:
+        reach = (
+            f"The goal ({PADDING_GOAL:.0f}x) is above all three ({bound:.2f}x at most): out of reach for "
+            "this workload by batching and removing padding alone; only a cheaper step reaches it."
+        )
+    else:
+        reach = f"The goal ({PADDING_GOAL:.0f}x) is within the largest bound ({bound:.2f}x)."
     labels = {
         "ours": f"pe-serve over HTTP (`--max-batch-size {MAX_BATCH_SIZE}`), all at once",
         "generate": f"generate(), static batches of {sizes.reference_batch}",
