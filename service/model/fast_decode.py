@@ -235,24 +235,13 @@ def uses_cpu_kernels(pool: PagedKVCache) -> bool:
 
 def _batch_step(model: Transformer, pool: PagedKVCache) -> batch_step.BatchStep:
     """The C step over the model's weights, packed for it (a copy of the weights)."""
-    config, weights = model.config, pack_weights(model, packed=True)
-    rotary_dim = config.rotary_dim if config.has_rope else 0
-    sizes = batch_step.StepSizes(
-        d_model=config.d_model,
-        heads=config.n_heads,
-        kv_heads=config.n_kv_heads,
-        head_dim=config.head_dim,
-        ffn=config.ffn_hidden,
-        vocab=config.vocab_size,
-        rotary_dim=rotary_dim,
-        interleaved=config.rope_layout == "gptj",
-        norm_eps=config.norm_eps,
-    )
+    weights = pack_weights(model, packed=True)
     layers = [
         (layer.attn_norm, layer.qkv, layer.qkv_bias, layer.o_proj, layer.mlp_norm, layer.gate_up, layer.down)
         for layer in weights.layers
     ]
-    return batch_step.BatchStep(sizes, layers, weights.final_norm, weights.lm_head, pool.keys, pool.values)
+    final = weights.final_norm, weights.lm_head
+    return batch_step.BatchStep(model.config, layers, *final, pool.keys, pool.values)
 
 
 def _two_or_more(tables: StepTables) -> dict[str, Tensor]:

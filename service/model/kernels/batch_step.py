@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from service.model.config import ModelConfig
 from service.model.kernels.build import kernel_function
 
 _SOURCE = Path(__file__).with_name("batch_step.c")
@@ -42,19 +42,6 @@ def _workspace_floats() -> Any:
     return function
 
 
-@dataclass(frozen=True)
-class StepSizes:
-    d_model: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    rotary_dim: int  # 0 without RoPE
-    interleaved: bool  # RoPE pairs (2i, 2i + 1) rather than (c, c + rotary_dim / 2)
-    norm_eps: float
-
-
 class BatchStep:
     """One model's step over its pool. `layers` holds each layer's attn_norm, qkv (packed),
     qkv_bias or None, o_proj (packed), mlp_norm, gate_up (packed) and down (packed); the matrices
@@ -62,7 +49,7 @@ class BatchStep:
 
     def __init__(
         self,
-        sizes: StepSizes,
+        config: ModelConfig,
         layers: Sequence[Sequence[Tensor | None]],
         final_norm: Tensor,
         lm_head: Tensor,
@@ -74,7 +61,7 @@ class BatchStep:
         for tensor in tensors:
             if tensor is not None and (tensor.dtype != torch.float32 or not tensor.is_contiguous()):
                 raise ValueError("the step's weights and pages must be contiguous float32 tensors")
-        self.sizes = sizes
+        self.config = config
         self._tensors = tensors  # the pointers below point into these: keep them alive
         self._layers = _pointers([tensor for layer in layers for tensor in layer])
         self._key_pages, self._value_pages = _pointers(key_pages), _pointers(value_pages)
@@ -95,18 +82,17 @@ class BatchStep:
         step, workspace_floats = _step(), _workspace_floats()
         if step is None or workspace_floats is None:
             raise RuntimeError("the batch step kernel is not available on this machine")
-        sizes = self.sizes
+        config = self.config
         batch, blocks_per_row = window_blocks.shape
         window = blocks_per_row * self._block_size
         hidden = _floats(hidden)  # bound here: the C call reads its memory
         cos, sin = (_floats(table) for table in rope) if rope is not None else (None, None)
         bias = _floats(bias) if bias is not None else None
         window_blocks, positions = (t.to(torch.int64).contiguous() for t in (window_blocks, positions))
-        floats = workspace_floats(
-            batch, sizes.d_model, sizes.heads, sizes.kv_heads, sizes.head_dim, sizes.ffn, window
-        )
+        heads = config.n_heads, config.n_kv_heads, config.head_dim
+        floats = workspace_floats(batch, config.d_model, *heads, config.ffn_hidden, window)
         workspace = torch.empty(floats, dtype=torch.float32)
-        logits = torch.empty((batch, sizes.vocab), dtype=torch.float32)
+        logits = torch.empty((batch, config.vocab_size), dtype=torch.float32)
         step(
             hidden.data_ptr(),
             cos.data_ptr() if cos is not None else None,
@@ -123,18 +109,18 @@ class BatchStep:
             workspace.data_ptr(),
             batch,
             self._n_layers,
-            sizes.d_model,
-            sizes.heads,
-            sizes.kv_heads,
-            sizes.head_dim,
-            sizes.ffn,
-            sizes.vocab,
-            sizes.rotary_dim if rope is not None else 0,
-            int(sizes.interleaved),
+            config.d_model,
+            config.n_heads,
+            config.n_kv_heads,
+            config.head_dim,
+            config.ffn_hidden,
+            config.vocab_size,
+            config.rotary_dim if rope is not None else 0,
+            int(config.rope_layout == "gptj"),  # pairs (2i, 2i + 1), not (c, c + rotary_dim / 2)
             self._num_blocks,
             self._block_size,
             blocks_per_row,
-            sizes.norm_eps,
+            config.norm_eps,
         )
         return logits
 
