@@ -316,7 +316,7 @@ def _model_batch(served: ServedModel, decode: DecodeSettings, max_batch_size: in
         dtype=weight.dtype,
     )
     fast = (
-        FastDecoder(model, pool, max_window=decode.compile_max_window)
+        FastDecoder(model, pool, max_window=decode.compile_max_window, max_batch=max_batch_size)
         if decode.compile and FastDecoder.applies_to(model)
         else None
     )

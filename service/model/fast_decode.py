@@ -17,6 +17,10 @@ wrappers and per-op dispatches. Nothing is compiled then.
 
 The positional tables a batch reads are gathered into stacks once and reused while the rows, their
 tables and the window stay the same; a step then only indexes them through `table_index`.
+
+On a GPU the step is captured as CUDA graphs (`service.model.cuda_graphs`), one per window bucket
+and batch bucket (powers of two up to `max_batch`), all at start-up: a batch replays its bucket's
+graph, padded with rows that only touch the scratch block.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from torch import Tensor
 
 from pe_runtime import RopeScaling
 from service.model.config import Scheme
+from service.model.cuda_graphs import GraphedStep
 from service.model.decode_step import StepInputs, decode_one_token, pack_weights, step_prelude, step_shape
 from service.model.kernels import batch_step
 from service.model.paged_cache import PagedKVCache, PagedRows
@@ -45,6 +50,7 @@ FAST_SCHEMES: frozenset[Scheme] = frozenset(
 )
 MIN_WINDOW = 64
 DEFAULT_MAX_WINDOW = 512
+DEFAULT_MAX_BATCH = 64
 
 StepFunction = Callable[..., Tensor]
 
@@ -85,23 +91,37 @@ class FastDecoder:
         pool: PagedKVCache,
         *,
         max_window: int = DEFAULT_MAX_WINDOW,
+        max_batch: int = DEFAULT_MAX_BATCH,
         compile: bool = True,
         cpu_kernels: bool | None = None,
+        cuda_graphs: bool | None = None,
     ) -> None:
         """`compile=False` runs the same step uncompiled (the reference the tests use);
         `cpu_kernels` says whether steps run in C (`uses_cpu_kernels` decides where it is None).
         A lone row's C step took 0.20 ms against 0.39 ms for its compiled torch step (a /tmp probe,
-        both paths alternating in one process, 5 repeats)."""
+        both paths alternating in one process, 5 repeats).
+
+        `cuda_graphs` (by default: on a CUDA pool) replays the torch step as graphs of batches of
+        up to `max_batch` rows; on a CPU it runs the graphs' buffers and padding uncaptured."""
         self.model = model
         self.pool = pool
         self.max_window = max_window
+        self.max_batch = max_batch
+        on_cuda = pool.keys[0].device.type == "cuda"
         if cpu_kernels is None:
             cpu_kernels = uses_cpu_kernels(pool)
+        if cuda_graphs is None:
+            cuda_graphs = on_cuda
         self.shape = step_shape(model, pool.block_size)
         self.weights = pack_weights(model)
         self.batch_step = _batch_step(model, pool) if cpu_kernels else None
         self.compile_seconds = 0.0
         self._step = compiled_step() if compile else decode_one_token
+        self.graphs = (
+            GraphedStep(self._torch_step, max_batch, capture=on_cuda)
+            if cuda_graphs and self.batch_step is None
+            else None
+        )
         self._tables: tuple[Hashable, StepTables] | None = None
         for pages in pool.keys + pool.values:
             torch._dynamo.mark_dynamic(pages, 1)  # pools of any size share the compiled entries
@@ -116,7 +136,7 @@ class FastDecoder:
         return max(MIN_WINDOW, 1 << (needed - 1).bit_length())
 
     def accepts(self, lengths: Sequence[int]) -> bool:
-        return self.window_for(lengths) <= self.max_window
+        return self.window_for(lengths) <= self.max_window and len(lengths) <= self.max_batch
 
     def windows(self) -> list[int]:
         sizes, window = [], MIN_WINDOW
@@ -126,15 +146,20 @@ class FastDecoder:
         return sizes
 
     def warm_up(self) -> float:
-        """Compile every bucket now, for one row and for several (nothing where steps run in C);
-        returns the seconds it took.
+        """Compile every bucket now, for one row and for several (nothing where steps run in C),
+        and capture every graph; returns the seconds it took.
 
         The dummy steps write only the pool's scratch block, which no row ever reads.
         """
         started = time.perf_counter()
         scaling = self.model.positions.default_scaling
+        batches: Sequence[int] = (1, 2)
+        if self.batch_step is not None:
+            batches = ()
+        elif self.graphs is not None:
+            batches = self.graphs.buckets[::-1]  # the largest first: the others reuse its memory
         for window in self.windows():
-            for batch in () if self.batch_step is not None else (1, 2):
+            for batch in batches:
                 blocks = torch.zeros(
                     batch, window // self.pool.block_size, dtype=torch.long, device=self._device
                 )
@@ -181,25 +206,31 @@ class FastDecoder:
         window: int,
     ) -> Tensor:
         tables = self._step_tables(scalings, table_lengths, table_keys, window)
-        inputs = StepInputs(
-            torch.tensor(list(tokens), dtype=torch.long, device=self._device),
-            torch.tensor(list(positions), dtype=torch.long, device=self._device),
-            window_blocks,
-            *tables,
-        )
-        # Batch size and table count vary without recompiling; 1 is special-cased by the compiler.
-        if len(tokens) > 1:
+        with torch.inference_mode():
+            if self.graphs is not None:
+                return self.graphs(list(tokens), list(positions), window_blocks, tables)
+            inputs = StepInputs(
+                torch.tensor(list(tokens), dtype=torch.long, device=self._device),
+                torch.tensor(list(positions), dtype=torch.long, device=self._device),
+                window_blocks,
+                *tables,
+            )
+            if self.batch_step is not None:
+                hidden, rope, bias = step_prelude(self.shape, self.weights, inputs)
+                return self.batch_step(hidden, rope, bias, inputs.window_blocks, inputs.positions)
+            return self._torch_step(inputs)
+
+    def _torch_step(self, inputs: StepInputs) -> Tensor:
+        """The torch step, compiled or not. Batch size and table count vary without recompiling
+        (1 is special-cased by the compiler): batches share one compiled entry per window."""
+        if inputs.tokens.shape[0] > 1:
             for tensor in (inputs.tokens, inputs.positions, inputs.window_blocks, inputs.table_index):
                 if tensor is not None:
                     torch._dynamo.mark_dynamic(tensor, 0)
         for stack in (inputs.rope_cos, inputs.rope_sin, inputs.absolute):
             if stack is not None:
                 torch._dynamo.mark_dynamic(stack, 0)
-        with torch.inference_mode():
-            if self.batch_step is not None:
-                hidden, rope, bias = step_prelude(self.shape, self.weights, inputs)
-                return self.batch_step(hidden, rope, bias, inputs.window_blocks, inputs.positions)
-            logits: Tensor = self._step(self.shape, self.weights, inputs, self.pool.keys, self.pool.values)
+        logits: Tensor = self._step(self.shape, self.weights, inputs, self.pool.keys, self.pool.values)
         return logits
 
     def _step_tables(

@@ -29,7 +29,7 @@ from service.model.config import ModelConfig
 from service.model.kv_cache import KVCache
 
 BLOCK_SIZE = 16
-_SCRATCH_BLOCK = 0
+SCRATCH_BLOCK = 0  # what padded block tables name; 0, so that zero padding names it too
 
 
 @dataclass(eq=False)
@@ -64,7 +64,7 @@ class PagedKVCache:
         self.block_size = block_size
         self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
-        self._free = list(range(num_blocks - 1, _SCRATCH_BLOCK, -1))
+        self._free = list(range(num_blocks - 1, SCRATCH_BLOCK, -1))
 
     @classmethod
     def within(
@@ -145,7 +145,7 @@ class PagedRows:
         widest = max(len(row.blocks) for row in self.rows)
         # [B, widest]; short rows padded with the scratch block.
         self.block_table = torch.tensor(
-            [row.blocks + [_SCRATCH_BLOCK] * (widest - len(row.blocks)) for row in self.rows],
+            [row.blocks + [SCRATCH_BLOCK] * (widest - len(row.blocks)) for row in self.rows],
             dtype=torch.long,
             device=device,
         )
@@ -183,7 +183,7 @@ class PagedRows:
         index = positions // size
         widest = self.block_table.shape[1]
         blocks = self.block_table.gather(1, index.clamp(max=widest - 1))
-        return torch.where(index < widest, blocks, _SCRATCH_BLOCK), positions % size
+        return torch.where(index < widest, blocks, SCRATCH_BLOCK), positions % size
 
     def write(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Store `[B, n_kv_heads, T, head_dim]` after each row's entries; return the windows.

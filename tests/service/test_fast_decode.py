@@ -79,10 +79,16 @@ def full_pass_logits(
         )
 
 
-def decode_and_compare(model: Transformer, decoder: FastDecoder, scalings: list[RopeScaling]) -> float:
+def decode_and_compare(
+    model: Transformer,
+    decoder: FastDecoder,
+    scalings: list[RopeScaling],
+    changes: dict[int, tuple[int, int]] | None = None,
+) -> float:
     """Decode `STEPS` tokens for rows of `PROMPTS` lengths; the worst logit gap to the full pass.
 
-    After half the steps the second row leaves and a new one joins, as in a running batch.
+    `changes` says, by step, how many rows leave (the second row, each time) and how many new
+    ones join; by default one of each after half the steps, as in a running batch.
     """
     generator = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 256, (n,), generator=generator).tolist() for n in PROMPTS]
@@ -91,10 +97,12 @@ def decode_and_compare(model: Transformer, decoder: FastDecoder, scalings: list[
     feed = [prompt[-1] for prompt in prompts]
     worst = 0.0
     for step in range(STEPS):
-        if step == STEPS // 2:
+        leaving, joining = (changes or {STEPS // 2: (1, 1)}).get(step, (0, 0))
+        for _ in range(leaving):
             decoder.pool.release(rows.pop(1))
             feed.pop(1)
             row_scalings.pop(1)
+        for _ in range(joining):
             newcomer = torch.randint(0, 256, (9,), generator=generator).tolist()
             rows.append(prefill(model, decoder.pool, newcomer, scalings[-1]))
             feed.append(newcomer[-1])
@@ -162,6 +170,62 @@ def test_compiled_step_on_cuda_equals_the_full_pass() -> None:
     model = tiny_transformer(native_context=NATIVE, pe="rope").cuda()
     decoder = FastDecoder(model, pool_for(model), max_window=128)
     assert decode_and_compare(model, decoder, list(SCALINGS.values())) < TOLERANCE
+
+
+# Batches of 4, 3, 5 and 4 rows, the last two steps in the next window: graphs of 4 and 8 rows
+# with padding rows, and a smaller batch after a larger one, whose padding rows must not write into
+# the blocks the larger batch's rows had there.
+GRAPH_CHANGES = {2: (1, 0), 4: (0, 2), 6: (1, 0)}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "scalings"), [case[1:] for case in SCHEME_CASES], ids=[case[0] for case in SCHEME_CASES]
+)
+def test_graph_buffers_and_padding_equal_the_full_pass(
+    overrides: dict[str, Any], scalings: list[RopeScaling]
+) -> None:
+    """The CUDA graphs' static buffers and padded buckets, uncaptured on a CPU."""
+    overrides = dict(overrides)
+    model = tiny_transformer(native_context=overrides.pop("native_context", NATIVE), **overrides)
+    decoder = FastDecoder(
+        model,
+        pool_for(model),
+        max_window=128,
+        max_batch=8,
+        compile=False,
+        cpu_kernels=False,
+        cuda_graphs=True,
+    )
+    assert decoder.graphs is not None and not decoder.graphs.capture
+    assert decode_and_compare(model, decoder, scalings, GRAPH_CHANGES) < TOLERANCE
+    assert decoder.graphs.captured() == [(4, 4), (4, 8), (8, 4)]
+
+
+def test_warm_up_makes_a_graph_for_every_window_and_batch_bucket() -> None:
+    model = tiny_transformer(native_context=NATIVE, pe="rope")
+    decoder = FastDecoder(
+        model,
+        pool_for(model),
+        max_window=128,
+        max_batch=6,
+        compile=False,
+        cpu_kernels=False,
+        cuda_graphs=True,
+    )
+    assert decoder.graphs is not None and decoder.graphs.buckets == [1, 2, 4, 6]
+    decoder.warm_up()
+    assert decoder.graphs.captured() == [(blocks, batch) for blocks in (4, 8) for batch in (1, 2, 4, 6)]
+    assert decoder.accepts([10] * 6) and not decoder.accepts([10] * 7)  # 7 rows run eager
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("compile", [False, True], ids=["eager-step", "compiled-step"])
+def test_cuda_graphs_equal_the_full_pass(compile: bool) -> None:
+    model = tiny_transformer(native_context=NATIVE, pe="rope").cuda()
+    decoder = FastDecoder(model, pool_for(model), max_window=128, max_batch=8, compile=compile)
+    assert decoder.graphs is not None and decoder.graphs.capture
+    decoder.warm_up()
+    assert decode_and_compare(model, decoder, list(SCALINGS.values()), GRAPH_CHANGES) < TOLERANCE
 
 
 def test_windows_past_the_compiled_range_are_left_to_the_eager_path() -> None:
