@@ -123,13 +123,15 @@ def measure(args: argparse.Namespace, batch: int) -> dict[str, float]:
 
 
 def run(decoder: FastDecoder, batch: int, args: argparse.Namespace, *, compiled: bool) -> float:
-    """Median ms of one decode step over `args.steps` steps of `batch` fresh rows."""
+    """Median ms of one decode step over `args.steps` steps of `batch` fresh rows, with the argmax
+    that reads its logits (on a GPU, where the wait for the step's work ends)."""
     model, pool = decoder.model, decoder.pool
     generator = torch.Generator().manual_seed(batch)
     scaling = model.positions.default_scaling
     rows = [pool.allocate(args.prompt_tokens + args.steps + 1) for _ in range(batch)]
     view = PagedRows(pool, rows)
-    prompts = torch.randint(0, 256, (batch, args.prompt_tokens), generator=generator)
+    device = model.embed_tokens.weight.device
+    prompts = torch.randint(0, 256, (batch, args.prompt_tokens), generator=generator).to(device)
     times = []
     with torch.inference_mode():
         model(prompts, scaling=[scaling] * batch, cache=view)
@@ -139,9 +141,10 @@ def run(decoder: FastDecoder, batch: int, args: argparse.Namespace, *, compiled:
             if compiled:
                 logits = decoder.step(view, feed, [scaling] * batch)
             else:
-                logits = model(torch.tensor(feed)[:, None], scaling=[scaling] * batch, cache=view)[:, -1]
+                step_tokens = torch.tensor(feed, device=device)[:, None]
+                logits = model(step_tokens, scaling=[scaling] * batch, cache=view)[:, -1]
+            feed = logits.argmax(dim=-1).tolist()  # the device's work ends here
             times.append(time.perf_counter() - start)
-            feed = logits.argmax(dim=-1).tolist()
     for row in rows:
         pool.release(row)
     return statistics.median(times) * 1000.0

@@ -26,7 +26,7 @@ from pathlib import Path
 from pe_client import PEClient, StreamToken
 from pe_client.grpc import GrpcPEClient
 
-from bench.serving import DEFAULT_MODEL_DIR, free_port, running_server
+from bench.serving import DEFAULT_MODEL_DIR, ServerOptions, free_port, running_server
 from bench.throughput import interleaved_runs
 
 DEFAULT_OUTPUT = Path(__file__).parent / "results" / "grpc_latency.md"
@@ -101,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     grpc_port = free_port()
     with tempfile.TemporaryDirectory(prefix="pe-grpc-latency-") as workdir:
         log_path = Path(workdir) / "server.log"
-        with running_server(args.model_dir, args.threads, log_path, grpc_port=grpc_port) as base_url:
+        options = ServerOptions(threads=args.threads, grpc_port=grpc_port)
+        with running_server(args.model_dir, log_path, options) as base_url:
             results = measure(base_url, f"127.0.0.1:{grpc_port}", args.repeats)
     text = report(results, model_dir=args.model_dir, repeats=args.repeats, threads=args.threads)
     args.output.parent.mkdir(parents=True, exist_ok=True)

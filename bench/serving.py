@@ -170,17 +170,34 @@ def free_port() -> int:
         return port
 
 
-def server_command(
-    model_dir: Path | str, port: int | str, threads: int, grpc_port: int | str = 0, *, compile: bool = False
-) -> list[str]:
-    """The server exactly as a user would start it, one process serving every section (gRPC off
-    unless a port is given)."""
+@dataclass(frozen=True)
+class ServerOptions:
+    """How a benchmark starts the server; the defaults are those of the CPU runs in bench/results."""
+
+    threads: int = 1
+    compile: bool = False
+    device: str = "cpu"
+    dtype: str = "float32"
+    compile_max_window: int = MAX_CONTEXT
+    grpc_port: int | str = 0  # 0: no gRPC
+
+
+def server_command(model_dir: Path | str, port: int | str, options: ServerOptions) -> list[str]:
+    """The server exactly as a user would start it, one process serving every section."""
+    compile_flags = ("--compile", "--compile-max-window", str(options.compile_max_window))
     return [
         *("-m", "service", "--host", "127.0.0.1", "--port", str(port), "--model-dir", str(model_dir)),
-        *("--grpc-port", str(grpc_port)),
-        *("--device", "cpu", "--dtype", "float32", "--max-context", str(MAX_CONTEXT)),
-        *("--max-batch-size", str(MAX_BATCH_SIZE), "--max-queue", "0", "--torch-threads", str(threads)),
-        *(("--compile", "--compile-max-window", str(MAX_CONTEXT)) if compile else ("--no-compile",)),
+        *("--grpc-port", str(options.grpc_port)),
+        *("--device", options.device, "--dtype", options.dtype, "--max-context", str(MAX_CONTEXT)),
+        *(
+            "--max-batch-size",
+            str(MAX_BATCH_SIZE),
+            "--max-queue",
+            "0",
+            "--torch-threads",
+            str(options.threads),
+        ),
+        *(compile_flags if options.compile else ("--no-compile",)),
         *("--kv-cache-mb", str(KV_CACHE_MB)),
     ]
 
@@ -204,9 +221,7 @@ def log_tail(log_path: Path, lines: int = 40) -> str:
 
 
 @contextlib.contextmanager
-def running_server(
-    model_dir: Path, threads: int, log_path: Path, grpc_port: int = 0, *, compile: bool = False
-) -> Iterator[str]:
+def running_server(model_dir: Path, log_path: Path, options: ServerOptions) -> Iterator[str]:
     """A ready server subprocess for the block, stopped (SIGTERM, then SIGKILL) whatever happens.
 
     Its intra-op threads are pinned like the benchmark's own, so HTTP and in-process runs compute
@@ -216,12 +231,12 @@ def running_server(
     environment = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": str(threads),
-        "MKL_NUM_THREADS": str(threads),
+        "OMP_NUM_THREADS": str(options.threads),
+        "MKL_NUM_THREADS": str(options.threads),
     }
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, *server_command(model_dir, port, threads, grpc_port, compile=compile)],
+            [sys.executable, *server_command(model_dir, port, options)],
             cwd=REPO_ROOT,
             env=environment,
             stdout=log,
@@ -715,7 +730,8 @@ def run_all(
 
     reference = LlamaForCausalLM.from_pretrained(llama_dir, dtype=torch.float32)
     reference.train(False)
-    with running_server(ours_dir, threads, workdir / "server.log", compile=compile) as base_url:
+    options = ServerOptions(threads=threads, compile=compile)
+    with running_server(ours_dir, workdir / "server.log", options) as base_url:
         native = served_native_context(base_url)
         short_repeats = repeats * sizes.short_run_repeats
         progress("1/5 serving path")
@@ -839,7 +855,7 @@ def report(header: Header, sizes: Sizes, results: Results) -> str:
     import transformers
 
     server = shlex.join(
-        ["python", *server_command("MODEL_COPY", "PORT", header.threads, compile=header.compile)]
+        ["python", *server_command("MODEL_COPY", "PORT", ServerOptions(header.threads, header.compile))]
     )
     lines = [
         "# Serving: the real server over HTTP vs. in-process and transformers `generate()`",

@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile",
         action=argparse.BooleanOptionalAction,
         help="the fast decode step: one C call per step on a CPU in float32 with one torch thread, "
-        "else compiled at start-up with torch.compile (default: off)",
+        "else compiled at start-up with torch.compile, and captured as CUDA graphs on a GPU "
+        "(default: off)",
     )
     parser.add_argument(
         "--compile-max-window",

@@ -165,6 +165,7 @@ def test_compiled_step_equals_the_full_pass_for_a_mixed_batch() -> None:
     assert decode_and_compare(model, decoder, list(SCALINGS.values())) < TOLERANCE
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_compiled_step_on_cuda_equals_the_full_pass() -> None:
     model = tiny_transformer(native_context=NATIVE, pe="rope").cuda()
@@ -218,6 +219,7 @@ def test_warm_up_makes_a_graph_for_every_window_and_batch_bucket() -> None:
     assert decoder.accepts([10] * 6) and not decoder.accepts([10] * 7)  # 7 rows run eager
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("compile", [False, True], ids=["eager-step", "compiled-step"])
 def test_cuda_graphs_equal_the_full_pass(compile: bool) -> None:
