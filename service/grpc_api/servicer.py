@@ -223,7 +223,9 @@ class _Rpc:
     ) -> None:
         call = self.call
         try:
-            if isinstance(exc, asyncio.CancelledError):
+            # A stream waiting in its `yield` (its send held up by the client's window) when the call
+            # ends is closed by grpc (GeneratorExit) rather than cancelled: the same end of the call.
+            if isinstance(exc, asyncio.CancelledError | GeneratorExit):
                 expired = (
                     self._deadline is not None and time.monotonic() >= self._deadline - _DEADLINE_SLACK_S
                 )

@@ -6,6 +6,7 @@ as alone, the long one is stopped, and `pe_serve_batch_size` returns to 0.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 from service.grpc_api import pe_serve_pb2 as pb
+from tests.live_server import LiveServer
 from tests.service.api.conftest import MAX_CONTEXT
 from tests.service.api.helpers import metric_sum, metric_value, wait_for
 from tests.service.grpc.helpers import assert_status, raw_call, stream
@@ -108,3 +110,28 @@ def test_a_request_id_in_use_is_refused(grpc_channel: grpc.Channel, client: http
     assert_status(caught.value, grpc.StatusCode.ALREADY_EXISTS, "request_id")
     running.cancel()  # type: ignore[attr-defined]
     wait_for(lambda: batch_size(client) == 0, "the slot to be freed")
+
+
+# The client's receive window for the next test: about 30 token messages, which the tiny model fills
+# in well under a second once the client stops reading.
+SMALL_WINDOW = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
+
+
+def test_a_stream_cancelled_while_the_server_waits_to_send_counts_as_cancelled(
+    server: LiveServer, client: httpx.Client
+) -> None:
+    """With the client's window full, the server's stream waits in its `yield` when the cancel comes;
+    grpc then closes the generator (GeneratorExit) instead of cancelling a wait (CancelledError),
+    and that must be counted as a cancelled call too, not as one that succeeded."""
+    assert server.grpc_target is not None
+    cancelled_before = metric_sum(client, "pe_serve_requests_total", 'status="CANCELLED"')
+    with grpc.insecure_channel(server.grpc_target, options=SMALL_WINDOW) as channel:
+        call = stream(channel, LONG, timeout=60)
+        assert next(call).HasField("token")
+        time.sleep(1.0)  # the server fills the window and blocks in its send (it cannot fail the test)
+        call.cancel()  # type: ignore[attr-defined]
+    wait_for(lambda: batch_size(client) == 0, "the slot to be freed")
+    wait_for(
+        lambda: metric_sum(client, "pe_serve_requests_total", 'status="CANCELLED"') == cancelled_before + 1,
+        "the server to count the cancelled call",
+    )
