@@ -173,16 +173,19 @@ def step_prelude(shape: StepShape, weights: StepWeights, inputs: StepInputs) -> 
     rope = None
     if inputs.rope_cos is not None and inputs.rope_sin is not None and inputs.table_index is not None:
         rope = inputs.rope_cos[inputs.table_index, positions], inputs.rope_sin[inputs.table_index, positions]
-    distance = torch.arange(window, device=positions.device)[None, :] - positions[:, None]  # [B, W], k - q
-    return StepPrelude(hidden, rope, _scheme_bias(weights, inputs, distance, window))
+    return StepPrelude(hidden, rope, _scheme_bias(weights, inputs, window))
 
 
 def _as_is(weight: Tensor) -> Tensor:
     return weight
 
 
-def _scheme_bias(weights: StepWeights, inputs: StepInputs, distance: Tensor, window: int) -> Tensor | None:
+def _scheme_bias(weights: StepWeights, inputs: StepInputs, window: int) -> Tensor | None:
     """The scheme's bias on the scores, float32 [B, H, W]; None where it has none (RoPE, NoPE)."""
+    if inputs.alibi_slopes is None and inputs.t5_buckets is None:
+        return None
+    positions = inputs.positions
+    distance = torch.arange(window, device=positions.device)[None, :] - positions[:, None]  # [B, W], k - q
     if inputs.alibi_slopes is not None:
         return inputs.alibi_slopes[None, :, None] * distance[:, None].float()
     if inputs.t5_buckets is not None and weights.t5_table is not None:
