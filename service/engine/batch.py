@@ -269,6 +269,13 @@ class ModelBatch:
         try:
             if fast and not failed and self.fast is not None and self.fast.accepts(group.view.lengths):
                 logits = self.fast.step(group.view, [chunk[0] for chunk in chunks], scalings)
+            elif (
+                not fast
+                and not failed
+                and self.fast is not None
+                and self.fast.prefills(group.view.lengths, counts)
+            ):
+                logits = self.fast.prefill(group.view, chunks, counts, scalings, table_lengths)
             else:
                 logits = self._forward(group.view, chunks, scalings, table_lengths, counts)
         except Exception:

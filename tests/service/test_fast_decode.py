@@ -140,6 +140,79 @@ def test_reference_step_equals_the_full_pass(
     assert decode_and_compare(model, decoder, scalings) < TOLERANCE
 
 
+def written_entries(pool: PagedKVCache, row: PagedRow) -> torch.Tensor:
+    """Every layer's cached keys and values of the row's positions, [2 * layers, Hkv, L, hd]."""
+    positions = torch.arange(row.length)
+    blocks = torch.tensor(row.blocks)[positions // pool.block_size]
+    offsets = positions % pool.block_size
+    return torch.stack([pages[:, blocks, offsets] for pages in pool.keys + pool.values])
+
+
+@pytest.mark.skipif(not batch_step.available(), reason="no C compiler builds the kernels here")
+@pytest.mark.parametrize(
+    ("overrides", "scalings"), [case[1:] for case in SCHEME_CASES], ids=[case[0] for case in SCHEME_CASES]
+)
+def test_prompt_chunks_in_c_equal_the_eager_pass(
+    overrides: dict[str, Any], scalings: list[RopeScaling]
+) -> None:
+    """A second prompt chunk, rows of different pasts and counts padded to one width, run as rows of
+    the C step: the same logits, row state and cached entries as the eager pass writes."""
+    overrides = dict(overrides)
+    model = tiny_transformer(native_context=overrides.pop("native_context", NATIVE), **overrides)
+    decoder = FastDecoder(model, pool_for(model), max_window=128, compile=False)
+    eager_pool = pool_for(model)
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 256, (n,), generator=generator).tolist() for n in (30, 12, 50, 7)]
+    firsts, counts = (9, 3, 20, 1), (12, 9, 12, 6)  # the chunk: 12 wide, rows 2 and 4 padded
+    row_scalings = [scalings[i % len(scalings)] for i in range(len(prompts))]
+    table_lengths = [len(prompt) for prompt in prompts]
+    views = []
+    for pool in (eager_pool, decoder.pool):
+        rows = [pool.allocate(len(prompt) + 1) for prompt in prompts]
+        first = max(firsts)
+        tokens = [prompt[:n] + [0] * (first - n) for prompt, n in zip(prompts, firsts, strict=True)]
+        with torch.inference_mode():
+            model(
+                torch.tensor(tokens),
+                scaling=row_scalings,
+                cache=PagedRows(pool, rows),
+                table_lengths=table_lengths,
+                counts=list(firsts),
+            )
+        views.append(PagedRows(pool, rows))
+    chunks = [
+        tuple(prompt[n : n + count]) + (0,) * (12 - count)
+        for prompt, n, count in zip(prompts, firsts, counts, strict=True)
+    ]
+    assert decoder.prefills(views[1].lengths, counts)
+    with torch.inference_mode():
+        expected = model(
+            torch.tensor(chunks),
+            scaling=row_scalings,
+            cache=views[0],
+            table_lengths=table_lengths,
+            counts=list(counts),
+        )[:, -1].float()
+    logits = decoder.prefill(views[1], chunks, counts, row_scalings, table_lengths)
+    assert float((logits - expected).abs().max()) < TOLERANCE
+    for eager_row, row in zip(views[0].rows, views[1].rows, strict=True):
+        assert (row.length, row.tokens, row.table_key) == (
+            eager_row.length,
+            eager_row.tokens,
+            eager_row.table_key,
+        )
+        gap = written_entries(decoder.pool, row) - written_entries(eager_pool, eager_row)
+        assert float(gap.abs().max()) < TOLERANCE
+
+
+def test_prompt_chunks_past_the_window_or_without_the_kernels_run_eager() -> None:
+    model = tiny_transformer(native_context=NATIVE, pe="rope")
+    assert not FastDecoder(model, pool_for(model), compile=False, cpu_kernels=False).prefills([0], [8])
+    decoder = FastDecoder(model, pool_for(model), max_window=64, compile=False)
+    if decoder.batch_step is not None:
+        assert decoder.prefills([40, 0], [24, 5]) and not decoder.prefills([40, 0], [25, 5])
+
+
 @pytest.mark.skipif(not batch_step.available(), reason="no C compiler builds the kernels here")
 def test_batches_take_the_kernels_only_on_one_thread_in_float32() -> None:
     """The kernels are single-threaded and float32: elsewhere the batch keeps the torch path."""
