@@ -49,7 +49,14 @@ from bench.serving import (
     running_server,
     verdict,
 )
-from bench.throughput import Measurement, finished, interleaved_runs, prepare_models, prompts, run_generate
+from bench.throughput import (
+    Measurement,
+    interleaved_runs,
+    prepare_models,
+    prompts,
+    run_generate,
+    timed_generate,
+)
 from service.engine.models import resolve_dtype
 from service.model.checkpoint import load_checkpoint
 from service.model.fast_decode import FastDecoder
@@ -176,24 +183,10 @@ def measure_steps(
 
 def generate_step_ms(reference: Any, batch: int, args: argparse.Namespace) -> float:
     """`generate()`'s ms per decode step: the time of `args.steps` more tokens, over their count."""
-    prompt = torch.tensor(prompts(batch, args.prompt_tokens), device=reference.device)
-
-    def seconds(new_tokens: int) -> float:
-        start = time.perf_counter()
-        with torch.inference_mode():
-            reference.generate(
-                prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        finished(prompt.device)
-        return time.perf_counter() - start
-
+    rows = prompts(batch, args.prompt_tokens)
     steps: int = args.steps
-    return (seconds(1 + steps) - seconds(1)) / steps * 1000.0
+    longer, one = timed_generate(reference, rows, 1 + steps), timed_generate(reference, rows, 1)
+    return (longer - one) / steps * 1000.0
 
 
 def measure_http(args: argparse.Namespace, base_url: str, reference: Any) -> dict[str, list[Measurement]]:

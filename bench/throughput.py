@@ -117,7 +117,8 @@ def run_engine(
     return Measurement(len(batch) * new_tokens / elapsed, statistics.median(latencies))
 
 
-def run_generate(model: Any, batch: list[tuple[int, ...]], new_tokens: int) -> Measurement:
+def timed_generate(model: Any, batch: list[tuple[int, ...]], new_tokens: int) -> float:
+    """Seconds `generate()` takes for exactly `new_tokens` greedy tokens per prompt."""
     inputs = torch.tensor(batch, device=model.device)
     start = time.perf_counter()
     with torch.inference_mode():
@@ -132,6 +133,11 @@ def run_generate(model: Any, batch: list[tuple[int, ...]], new_tokens: int) -> M
     finished(output.device)
     elapsed = time.perf_counter() - start
     assert output.shape[1] == inputs.shape[1] + new_tokens
+    return elapsed
+
+
+def run_generate(model: Any, batch: list[tuple[int, ...]], new_tokens: int) -> Measurement:
+    elapsed = timed_generate(model, batch, new_tokens)
     return Measurement(len(batch) * new_tokens / elapsed, elapsed / new_tokens * 1000.0)
 
 

@@ -252,6 +252,19 @@ def test_compiled_step_on_cuda_equals_the_full_pass() -> None:
 GRAPH_CHANGES = {2: (1, 0), 4: (0, 2), 6: (1, 0)}
 
 
+def uncaptured_graphs(model: Transformer, max_batch: int) -> FastDecoder:
+    """The CUDA graphs' buffers and padding over the uncompiled torch step, without a capture."""
+    return FastDecoder(
+        model,
+        pool_for(model),
+        max_window=128,
+        max_batch=max_batch,
+        compile=False,
+        cpu_kernels=False,
+        cuda_graphs=True,
+    )
+
+
 @pytest.mark.parametrize(
     ("overrides", "scalings"), [case[1:] for case in SCHEME_CASES], ids=[case[0] for case in SCHEME_CASES]
 )
@@ -261,31 +274,14 @@ def test_graph_buffers_and_padding_equal_the_full_pass(
     """The CUDA graphs' static buffers and padded buckets, uncaptured on a CPU."""
     overrides = dict(overrides)
     model = tiny_transformer(native_context=overrides.pop("native_context", NATIVE), **overrides)
-    decoder = FastDecoder(
-        model,
-        pool_for(model),
-        max_window=128,
-        max_batch=8,
-        compile=False,
-        cpu_kernels=False,
-        cuda_graphs=True,
-    )
+    decoder = uncaptured_graphs(model, max_batch=8)
     assert decoder.graphs is not None and not decoder.graphs.capture
     assert decode_and_compare(model, decoder, scalings, GRAPH_CHANGES) < TOLERANCE
     assert decoder.graphs.captured() == [(4, 4), (4, 8), (8, 4)]
 
 
 def test_warm_up_makes_a_graph_for_every_window_and_batch_bucket() -> None:
-    model = tiny_transformer(native_context=NATIVE, pe="rope")
-    decoder = FastDecoder(
-        model,
-        pool_for(model),
-        max_window=128,
-        max_batch=6,
-        compile=False,
-        cpu_kernels=False,
-        cuda_graphs=True,
-    )
+    decoder = uncaptured_graphs(tiny_transformer(native_context=NATIVE, pe="rope"), max_batch=6)
     assert decoder.graphs is not None and decoder.graphs.buckets == [1, 2, 4, 6]
     decoder.warm_up()
     assert decoder.graphs.captured() == [(blocks, batch) for blocks in (4, 8) for batch in (1, 2, 4, 6)]
