@@ -191,9 +191,11 @@ class FastDecoder:
         """Whether a prompt chunk of `counts` tokens per row, after `lengths` cached, runs in C."""
         if self.batch_step is None or min(counts) < 1:
             return False
-        return self.window_for(
-            [length + count - 1 for length, count in zip(lengths, counts, strict=True)]
-        ) <= (self.max_window)
+        return self._chunk_window(lengths, counts) <= self.max_window
+
+    def _chunk_window(self, lengths: Sequence[int], counts: Sequence[int]) -> int:
+        """The bucket whose window holds every row's keys after its chunk."""
+        return self.window_for([length + count - 1 for length, count in zip(lengths, counts, strict=True)])
 
     def prefill(
         self,
@@ -215,9 +217,7 @@ class FastDecoder:
         """
         assert self.batch_step is not None
         device = self._device
-        window = self.window_for(
-            [length + count - 1 for length, count in zip(rows.lengths, counts, strict=True)]
-        )
+        window = self._chunk_window(rows.lengths, counts)
         repeats = torch.tensor(list(counts), device=device)
         dtype = self.model.embed_tokens.weight.dtype
         tables = self.model.positions.step_tables(scalings, table_lengths, window, device=device, dtype=dtype)
