@@ -51,6 +51,13 @@ ENV PATH=/opt/venv/bin:$PATH \
     PE_SERVE_HOST=0.0.0.0 \
     PE_SERVE_PORT=8000 \
     PE_SERVE_GRPC_PORT=50051
+# A C compiler: with `--compile` the decode step builds its C kernels at start-up on a CPU
+# (service/model/kernels/build.py, about a second), and torch.compile's inductor (C++ on a CPU) and
+# Triton (on a GPU) build their code with one too. Without it the fast step is not available.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc g++ libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 RUN groupadd --system --gid 10001 pe \
     && useradd --system --uid 10001 --gid pe --home-dir /app --shell /usr/sbin/nologin pe
 COPY --from=builder /opt/venv /opt/venv

@@ -156,9 +156,15 @@ PY
 }
 
 run_image() {
-    log "podman run $IMAGE on :$RUN_PORT"
-    podman run -d --name "$CONTAINER" -p "127.0.0.1:$RUN_PORT:8000" "$IMAGE" >/dev/null 2> >(without_systemd_noise)
+    # With the fast decode step on, as a CPU deployment would run it: its C kernels must build in
+    # the image (the runtime user, the image's compiler), or decoding would leave the fast path.
+    log "podman run $IMAGE on :$RUN_PORT (PE_SERVE_COMPILE=true)"
+    podman run -d --name "$CONTAINER" -e PE_SERVE_COMPILE=true -p "127.0.0.1:$RUN_PORT:8000" "$IMAGE" \
+        >/dev/null 2> >(without_systemd_noise)
     sdk_check "http://127.0.0.1:$RUN_PORT"
+    podman exec "$CONTAINER" python3 -c \
+        "from service.model.kernels import batch_step; assert batch_step.available(), 'no C kernels'"
+    log "the C decode kernels build and load in the image"
     podman healthcheck run "$CONTAINER" >/dev/null 2> >(without_systemd_noise)
     log "the image's HEALTHCHECK passes"
     local uid
