@@ -3,14 +3,14 @@
 # `bench.gpu`, everything written under $OUT. About 6-9 minutes; from this machine:
 #
 #   bash scripts/gpu_wheels.sh
-#   device run: command "bash scripts/gpu_check.sh", carry [".whl"], timeout_s 570
+#   device run: command "bash scripts/gpu_check.sh", carry [".gpu_wheels"], timeout_s 570
 #
 # then copy $OUT's gpu.md to bench/results/gpu.md. Each part has its own time limit, so a hang in
 # one still leaves the other's output.
 set -uo pipefail
 out=${OUT:-/tmp/gpu-check}
 mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu_wheels/*.whl \
     || exit 1
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/nvidia-smi.txt" 2>&1
