@@ -61,10 +61,6 @@ class Sampler:
     def penalizes_output(self) -> bool:
         return self.params.presence_penalty != 0.0 or self.params.frequency_penalty != 0.0
 
-    def adjusts_logits(self) -> bool:
-        """Whether any of penalties and masks applies to this row now (`adjusted_logits`)."""
-        return self.penalizes_repetition or self.penalizes_output or bool(self.blocked_tokens())
-
     def blocked_tokens(self) -> tuple[int, ...]:
         """Tokens that may not be drawn now: those that would end the generation before min_tokens."""
         if self.generated >= self.params.min_tokens:
@@ -165,8 +161,6 @@ def _top_logprobs(raw_logprobs: Tensor, counts: list[int]) -> list[TopLogprobs |
 
 def adjusted_logits(samplers: Sequence[Sampler], logits: Tensor) -> Tensor:
     """The logits tokens are chosen from: `logits` itself when no row adjusts anything."""
-    if not any(sampler.adjusts_logits() for sampler in samplers):
-        return logits
     steps: list[tuple[Callable[[Sampler], bool], Callable[[Tensor, Sequence[Sampler]], Tensor]]] = [
         (lambda sampler: sampler.penalizes_repetition, _repetition_penalty),
         (lambda sampler: sampler.penalizes_output, _output_penalties),

@@ -215,9 +215,9 @@ class FastDecoder:
         model (a /tmp probe, 3 alternating runs). Logits are computed for every token and kept for
         the last; the output layer is 3% of a zoo model's products.
         """
-        assert self.batch_step is not None
         device = self._device
-        window = self._chunk_window(rows.lengths, counts)
+        lengths = rows.lengths
+        window = self._chunk_window(lengths, counts)
         repeats = torch.tensor(list(counts), device=device)
         dtype = self.model.embed_tokens.weight.dtype
         tables = self.model.positions.step_tables(scalings, table_lengths, window, device=device, dtype=dtype)
@@ -229,11 +229,7 @@ class FastDecoder:
                 device=device,
             ),
             torch.tensor(
-                [
-                    length + t
-                    for length, count in zip(rows.lengths, counts, strict=True)
-                    for t in range(count)
-                ],
+                [length + t for length, count in zip(lengths, counts, strict=True) for t in range(count)],
                 dtype=torch.long,
                 device=device,
             ),
@@ -242,8 +238,7 @@ class FastDecoder:
             *tables[1:],
         )
         with torch.inference_mode():
-            hidden, rope, bias = step_prelude(self.shape, self.weights, inputs)
-            logits = self.batch_step(hidden, rope, bias, inputs.window_blocks, inputs.positions)
+            logits = self._c_step(inputs)
         last = torch.tensor(list(itertools.accumulate(counts)), device=device) - 1
         keys = self._table_keys(scalings, table_lengths)
         rows.advance(torch.tensor([list(chunk) for chunk in chunks]), keys, counts)
@@ -279,9 +274,14 @@ class FastDecoder:
                 *tables,
             )
             if self.batch_step is not None:
-                hidden, rope, bias = step_prelude(self.shape, self.weights, inputs)
-                return self.batch_step(hidden, rope, bias, inputs.window_blocks, inputs.positions)
+                return self._c_step(inputs)
             return self._torch_step(inputs)
+
+    def _c_step(self, inputs: StepInputs) -> Tensor:
+        """The step in C, after the torch step's own prelude (embedding, tables, bias)."""
+        assert self.batch_step is not None
+        hidden, rope, bias = step_prelude(self.shape, self.weights, inputs)
+        return self.batch_step(hidden, rope, bias, inputs.window_blocks, inputs.positions)
 
     def _torch_step(self, inputs: StepInputs) -> Tensor:
         """The torch step, compiled or not. Batch size and table count vary without recompiling

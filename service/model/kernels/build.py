@@ -44,9 +44,8 @@ def built_library(source: Path) -> Path:
     """
     compiler = os.environ.get("CC", "gcc")
     fingerprint = hashlib.sha256()
-    neighbours = sorted(path for path in source.parent.iterdir() if path.suffix in (".c", ".h"))
-    for part in (source.read_bytes(), *(path.read_bytes() for path in neighbours)):
-        fingerprint.update(part)
+    for path in sorted(path for path in source.parent.iterdir() if path.suffix in (".c", ".h")):
+        fingerprint.update(path.read_bytes())  # the source itself among them
     fingerprint.update(" ".join((compiler, *FLAGS)).encode())
     fingerprint.update(_cpu_description().encode())
     directory = _cache_directory()
