@@ -9,22 +9,33 @@ import torch
 from pe_runtime.errors import PEConfigError
 
 
-def _geometric_slopes(count: int) -> list[float]:
-    """The paper's slopes for a power-of-two head count: 2^(-8k/count), k = 1 .. count."""
-    return [2.0 ** (-8.0 * k / count) for k in range(1, count + 1)]
+def _geometric_slopes(count: int, bias_max: float = 8.0) -> list[float]:
+    """The paper's slopes for a power-of-two head count: 2^(-bias_max * k / count), k = 1 .. count."""
+    return [2.0 ** (-bias_max * k / count) for k in range(1, count + 1)]
 
 
-def alibi_slopes(num_heads: int) -> torch.Tensor:
+def alibi_slopes(num_heads: int, *, bias_max: float = 8.0, rule: str = "press") -> torch.Tensor:
     """Per-head slopes, float32 [num_heads], for any head count.
 
-    For a non-power of two the paper takes all slopes of the nearest lower power of two, then every
-    other slope of the next power: the extra heads interleave between the existing ones instead of
-    crowding at the steep end.
+    For a non-power of two, `rule="press"` (the paper, and BLOOM) takes all slopes of the nearest
+    lower power of two, then every other slope of the next power: the extra heads interleave
+    between the existing ones instead of crowding at the steep end. `rule="mpt"` is MPT's: the next
+    power's slopes, the even-numbered ones first, cut to `num_heads`. Both agree for a power of two.
+    `bias_max` is the exponent of the steepest slope (MPT's `alibi_bias_max`; 8 in the paper).
     """
     if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
         raise PEConfigError(f"num_heads must be a positive integer, got {num_heads!r}", field="num_heads")
-    lower = 2 ** math.floor(math.log2(num_heads))
-    slopes = _geometric_slopes(lower) + _geometric_slopes(2 * lower)[0::2][: num_heads - lower]
+    if not bias_max > 0:
+        raise PEConfigError(f"bias_max must be positive, got {bias_max!r}", field="bias_max")
+    if rule == "press":
+        lower = 2 ** math.floor(math.log2(num_heads))
+        extra = _geometric_slopes(2 * lower, bias_max)[0::2][: num_heads - lower]
+        slopes = _geometric_slopes(lower, bias_max) + extra
+    elif rule == "mpt":
+        upper = _geometric_slopes(2 ** math.ceil(math.log2(num_heads)), bias_max)
+        slopes = (upper if len(upper) == num_heads else upper[1::2] + upper[0::2])[:num_heads]
+    else:
+        raise PEConfigError(f"unknown ALiBi slope rule {rule!r}", field="rule")
     return torch.tensor(slopes, dtype=torch.float32)
 
 

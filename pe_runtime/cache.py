@@ -134,14 +134,24 @@ class PECache:
         cos, sin = entry.tensors
         return RopeTables(cos[:length], sin[:length], entry.attention_factor)
 
-    def alibi_slopes(self, num_heads: int, *, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
-        """ALiBi slopes [num_heads] on `device` in `dtype`."""
+    def alibi_slopes(
+        self,
+        num_heads: int,
+        *,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        bias_max: float = 8.0,
+        rule: str = "press",
+    ) -> torch.Tensor:
+        """ALiBi slopes [num_heads] on `device` in `dtype` (`bias_max`, `rule`: see `alibi_slopes`)."""
         target = _canonical_device(device)
 
         def build(capacity: int) -> _Entry:
-            return _entry((alibi_slopes(num_heads).to(device=target, dtype=dtype),), capacity)
+            slopes = alibi_slopes(num_heads, bias_max=bias_max, rule=rule)
+            return _entry((slopes.to(device=target, dtype=dtype),), capacity)
 
-        return self._fetch("alibi_slopes", target, (num_heads, dtype), 1, build).tensors[0]
+        params = (num_heads, float(bias_max), rule, dtype)
+        return self._fetch("alibi_slopes", target, params, 1, build).tensors[0]
 
     def sinusoidal(
         self,

@@ -34,6 +34,7 @@ from service.engine.sampler import sample_rows
 from service.engine.scoring import ChunkedScorer
 from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest, PEInfo, ScoreRequest, ScoreResult, Timing
+from service.model.decode_step import unsupported_by_fast_step
 from service.model.fast_decode import DEFAULT_MAX_WINDOW, FastDecoder
 from service.model.paged_cache import PagedKVCache
 
@@ -320,11 +321,13 @@ def _model_batch(served: ServedModel, decode: DecodeSettings, max_batch_size: in
         device=weight.device,
         dtype=weight.dtype,
     )
-    fast = (
-        FastDecoder(model, pool, max_window=decode.compile_max_window, max_batch=max_batch_size)
-        if decode.compile and FastDecoder.applies_to(model)
-        else None
-    )
+    fast = None
+    if decode.compile:
+        reason = unsupported_by_fast_step(model.config)
+        if reason is None:
+            fast = FastDecoder(model, pool, max_window=decode.compile_max_window, max_batch=max_batch_size)
+        else:
+            logger.warning("model %r decodes eager: %s", served.name, reason)
     return ModelBatch(model, pool, fast)
 
 

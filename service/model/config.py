@@ -23,6 +23,14 @@ Scheme = Literal[
     "rope_alibi",
 ]
 RopeLayout = Literal["neox", "gptj"]
+Norm = Literal["rms", "layer"]
+Activation = Literal["silu", "gelu", "gelu_tanh"]
+# How a block combines its two branches: `sequential` is Llama's x + attn(n1(x)), then + mlp(n2(x));
+# `parallel` feeds one norm's output to both (GPT-J, Falcon-7B, StableLM's option);
+# `parallel_two_norms` gives each branch its own norm of the same input (GPT-NeoX, Falcon-40B).
+Residual = Literal["sequential", "parallel", "parallel_two_norms"]
+# ALiBi's slope rule for a head count that is not a power of two: Press et al.'s (BLOOM's) or MPT's.
+AlibiRule = Literal["press", "mpt"]
 SCHEMES: tuple[Scheme, ...] = get_args(Scheme)
 # Schemes that rotate queries and keys, and so take RoPE's tables, layout and scalings.
 ROPE_SCHEMES: frozenset[Scheme] = frozenset({"rope", "rope_alibi"})
@@ -64,6 +72,19 @@ class ModelConfig:
     qkv_bias: bool = False
     sliding_window: int | None = None
     embedding_scale: float = 1.0
+    norm: Norm = "rms"
+    norm_bias: bool = True  # LayerNorm's bias (MPT has none); RMSNorm never has one
+    gated_mlp: bool = True  # SwiGLU-style down(act(gate(x)) * up(x)); else down(act(up(x)))
+    activation: Activation = "silu"
+    mlp_bias: bool = False
+    attn_out_bias: bool = False
+    lm_head_bias: bool = False
+    residual: Residual = "sequential"
+    embedding_norm: bool = False  # BLOOM's norm right after the token embedding
+    qk_norm: bool = False  # Qwen3's RMSNorm over each head's query and key, before RoPE
+    alibi_rule: AlibiRule = "press"
+    alibi_bias_max: float = 8.0  # the steepest slope is 2^-alibi_bias_max (MPT's config key)
+    alibi_scale: float = 1.0  # multiplies the slopes (Falcon adds ALiBi before dividing by sqrt(hd))
     shaw_max_distance: int = 16  # Shaw et al.'s clipping distance k
     cope_npos_max: int = 64  # CoPE's largest contextual position
 
@@ -80,6 +101,12 @@ class ModelConfig:
             raise ValueError(f"unknown rope_layout {self.rope_layout!r}")
         if self.shaw_max_distance < 1 or self.cope_npos_max < 1:
             raise ValueError("shaw_max_distance and cope_npos_max must be positive")
+        if self.norm not in ("rms", "layer") or self.activation not in ("silu", "gelu", "gelu_tanh"):
+            raise ValueError(f"unknown norm {self.norm!r} or activation {self.activation!r}")
+        if self.residual not in ("sequential", "parallel", "parallel_two_norms"):
+            raise ValueError(f"unknown residual {self.residual!r}")
+        if self.alibi_rule not in ("press", "mpt"):
+            raise ValueError(f"unknown alibi_rule {self.alibi_rule!r}")
         if self.has_rope and (self.rotary_dim == 0 or self.rotary_dim % 2):
             raise ValueError("rotary_fraction * head_dim must be a positive even number")
 

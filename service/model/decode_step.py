@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pe_runtime.rope import apply_rope
-from service.model.config import RopeLayout, Scheme
+from service.model.config import ModelConfig, RopeLayout, Scheme
 from service.model.kernels.packed_linear import pack_weight
 from service.model.kernels.paged_attention import reference_paged_decode_attention
 from service.model.transformer import Block, Transformer, rms_norm
@@ -79,6 +79,33 @@ class StepInputs(NamedTuple):
     t5_buckets: Tensor | None  # [2 W - 1], the bucket of key k for query q at k - q + W - 1
 
 
+FAST_SCHEMES: frozenset[Scheme] = frozenset(
+    {"rope", "rope_alibi", "nope", "alibi", "t5_bias", "learned", "sinusoidal"}
+)
+
+
+def unsupported_by_fast_step(config: ModelConfig) -> str | None:
+    """Why the fast step cannot run this model (None when it can).
+
+    The step's layer math is Llama's block (RMSNorm, SwiGLU, sequential residual, biases on q, k
+    and v at most); a model of another shape runs eager rather than approximately.
+    """
+    if config.pe not in FAST_SCHEMES:
+        return f"the {config.pe!r} scheme's attention is not a bias on the scores"
+    differences = {
+        "norm": config.norm != "rms",
+        "gated_mlp": not config.gated_mlp or config.activation != "silu",
+        "mlp_bias": config.mlp_bias,
+        "attn_out_bias": config.attn_out_bias,
+        "lm_head_bias": config.lm_head_bias,
+        "residual": config.residual != "sequential",
+        "embedding_norm": config.embedding_norm,
+        "qk_norm": config.qk_norm,
+    }
+    found = [name for name, differs in differences.items() if differs]
+    return f"its block differs from Llama's in {', '.join(found)}" if found else None
+
+
 def step_shape(model: Transformer, block_size: int) -> StepShape:
     config = model.config
     return StepShape(
@@ -97,19 +124,23 @@ def step_shape(model: Transformer, block_size: int) -> StepShape:
 def pack_weights(model: Transformer, *, packed: bool = False) -> StepWeights:
     """The model's weights in the step's layout (fused projections are copies, made once);
     `packed` lays the matrices out in panels for the C batch step (copies too)."""
+    reason = unsupported_by_fast_step(model.config)
+    if reason is not None:
+        raise ValueError(f"the decode step cannot run this model: {reason}")
     matrix = pack_weight if packed else _as_is
     layers = []
     for block in cast(list[Block], list(model.layers)):
         attention, mlp = block.attn, block.mlp
+        assert block.mlp_norm is not None and mlp.gate_proj is not None  # Llama's block, checked above
         projections = [attention.q_proj, attention.k_proj, attention.v_proj]
         biases = [projection.bias for projection in projections]
         layers.append(
             LayerWeights(
-                attn_norm=block.attn_norm.weight,
+                attn_norm=_norm_weight(block.attn_norm),
                 qkv=matrix(torch.cat([projection.weight for projection in projections])),
                 qkv_bias=torch.cat([b for b in biases if b is not None]) if biases[0] is not None else None,
                 o_proj=matrix(attention.o_proj.weight),
-                mlp_norm=block.mlp_norm.weight,
+                mlp_norm=_norm_weight(block.mlp_norm),
                 gate_up=matrix(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
                 down=matrix(mlp.down_proj.weight),
             )
@@ -118,7 +149,7 @@ def pack_weights(model: Transformer, *, packed: bool = False) -> StepWeights:
     return StepWeights(
         embed=model.embed_tokens.weight,
         layers=tuple(layers),
-        final_norm=model.norm.weight,
+        final_norm=_norm_weight(model.norm),
         lm_head=matrix(model.lm_head.weight),
         t5_table=t5.weight if t5 is not None else None,
     )
@@ -174,6 +205,12 @@ def step_prelude(shape: StepShape, weights: StepWeights, inputs: StepInputs) -> 
     if inputs.rope_cos is not None and inputs.rope_sin is not None and inputs.table_index is not None:
         rope = inputs.rope_cos[inputs.table_index, positions], inputs.rope_sin[inputs.table_index, positions]
     return StepPrelude(hidden, rope, _scheme_bias(weights, inputs, window))
+
+
+def _norm_weight(norm: torch.nn.Module) -> Tensor:
+    weight = norm.weight
+    assert isinstance(weight, Tensor)
+    return weight
 
 
 def _as_is(weight: Tensor) -> Tensor:

@@ -36,7 +36,6 @@ import torch
 from torch import Tensor
 
 from pe_runtime import RopeScaling
-from service.model.config import Scheme
 from service.model.cuda_graphs import GraphedStep
 from service.model.decode_step import StepInputs, decode_one_token, pack_weights, step_prelude, step_shape
 from service.model.kernels import batch_step
@@ -46,9 +45,6 @@ from service.model.transformer import Transformer
 
 logger = logging.getLogger("service.model.fast_decode")
 
-FAST_SCHEMES: frozenset[Scheme] = frozenset(
-    {"rope", "rope_alibi", "nope", "alibi", "t5_bias", "learned", "sinusoidal"}
-)
 MIN_WINDOW = 64
 DEFAULT_MAX_WINDOW = 512
 DEFAULT_MAX_BATCH = 64
@@ -126,10 +122,6 @@ class FastDecoder:
         self._tables: tuple[Hashable, StepTables] | None = None
         for pages in pool.keys + pool.values:
             torch._dynamo.mark_dynamic(pages, 1)  # pools of any size share the compiled entries
-
-    @staticmethod
-    def applies_to(model: Transformer) -> bool:
-        return model.config.pe in FAST_SCHEMES
 
     def window_for(self, lengths: Sequence[int]) -> int:
         """The bucket whose window holds every row's keys after this step."""

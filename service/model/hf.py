@@ -1,7 +1,7 @@
-"""Hugging Face Llama-family checkpoints (llama, mistral, qwen2) read and written as our model.
+"""Hugging Face checkpoints of the supported families (`hf_families.FAMILIES`) read as our model.
 
-These architectures are ours with RoPE in the neox layout, so loading is a config translation
-plus a key rename; no `transformers` import is needed at run time. The checkpoint's own
+Loading is a config translation plus a key map per family (`hf_families`); no `transformers`
+import is needed at run time. The checkpoint's own
 `rope_scaling` (or v5 `rope_parameters`) becomes the model's default scaling. `export_llama` writes
 one of our RoPE models as a Llama directory, so `transformers` can run the very same weights.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,22 +21,27 @@ from safetensors.torch import save_file
 from pe_runtime import PECache
 from service.model.checkpoint import build_model
 from service.model.config import ModelConfig
+from service.model.hf_families import (
+    FAMILIES,
+    family,
+    rope_base,
+    rope_params,
+    rotary_fraction,
+    shape,
+)
+from service.model.hf_families import UnsupportedCheckpointError as UnsupportedCheckpointError
 from service.model.transformer import Transformer
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 _CONFIG_FILE = "config.json"
 _SHARD_INDEX = "model.safetensors.index.json"
-# Our module names for theirs; everything else in a key is shared.
-_RENAMES = (
-    ("self_attn.", "attn."),
-    ("input_layernorm.", "attn_norm."),
-    ("post_attention_layernorm.", "mlp_norm."),
-)
 _ROPE_MODEL_KEYS = ("rope_theta", "partial_rotary_factor")
-
-
-class UnsupportedCheckpointError(ValueError):
-    """The directory is a Hugging Face checkpoint this loader cannot run faithfully."""
+# Ours -> Llama's, for `export_llama`.
+_LLAMA_NAMES = (
+    ("attn.", "self_attn."),
+    ("attn_norm.", "input_layernorm."),
+    ("mlp_norm.", "post_attention_layernorm."),
+)
 
 
 def is_hf_checkpoint(directory: Path) -> bool:
@@ -44,43 +50,52 @@ def is_hf_checkpoint(directory: Path) -> bool:
 
 
 def hf_config_to_model_config(hf: Mapping[str, Any]) -> ModelConfig:
-    """Translate a Llama-family `config.json`; refuses features the model does not implement."""
-    model_type = hf.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise UnsupportedCheckpointError(
-            f"model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
-        )
-    if hf.get("hidden_act", "silu") != "silu" or hf.get("mlp_bias", False):
-        raise UnsupportedCheckpointError("only SwiGLU MLPs (hidden_act 'silu', no mlp_bias) are supported")
-    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    n_heads = int(hf["num_attention_heads"])
-    hidden = int(hf["hidden_size"])
-    head_dim = int(hf.get("head_dim") or hidden // n_heads)
+    """Translate a supported family's `config.json`; refuses features the model does not implement."""
+    fields = shape(hf) | {"head_dim_override": None, "bos_id": None, "eos_id": None}
+    rope = rope_params(hf)
     scaling = {key: value for key, value in rope.items() if key not in _ROPE_MODEL_KEYS}
-    eos_id, extra_eos_ids = _ids(hf.get("eos_token_id"))
     is_default = scaling.get("rope_type", scaling.get("type", "default")) == "default"
-    return ModelConfig(
-        vocab_size=int(hf["vocab_size"]),
-        d_model=hidden,
-        n_layers=int(hf["num_hidden_layers"]),
-        n_heads=n_heads,
-        n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
-        ffn_hidden=int(hf["intermediate_size"]),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        pe="rope",
-        native_context=int(hf["max_position_embeddings"]),
-        rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-        rope_layout="neox",
-        rotary_fraction=float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))),
-        rope_scaling=None if is_default else scaling,
-        bos_id=_ids(hf.get("bos_token_id"))[0],
-        eos_id=eos_id,
-        extra_eos_ids=extra_eos_ids,
-        head_dim_override=head_dim if head_dim * n_heads != hidden else None,
-        qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
-        sliding_window=_sliding_window(hf),
-    )
+    fields |= {
+        "pe": "rope",
+        "rope_base": rope_base(hf),
+        "rope_layout": "neox",
+        "rotary_fraction": rotary_fraction(hf),
+        "rope_scaling": None if is_default else scaling,
+    }
+    fields |= family(hf).block(hf)
+    if "head_dim" in hf and hf["head_dim"] is not None:
+        head_dim = int(hf["head_dim"])
+        fields["head_dim_override"] = head_dim if head_dim * fields["n_heads"] != fields["d_model"] else None
+    if fields["pe"] != "rope":
+        fields["rope_scaling"] = None
+    eos_id, extra_eos_ids = _ids(hf.get("eos_token_id"))
+    fields |= {"bos_id": _ids(hf.get("bos_token_id"))[0], "eos_id": eos_id, "extra_eos_ids": extra_eos_ids}
+    fields["sliding_window"] = _sliding_window(hf)
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if hf.get(key) is not None:
+            raise UnsupportedCheckpointError(
+                f"config key {key!r} = {hf[key]!r}: logit soft-capping is not implemented"
+            )
+    return ModelConfig(**fields)
+
+
+def build_hf_model(
+    hf: Mapping[str, Any],
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    pe_cache: PECache | None = None,
+) -> Transformer:
+    """Our model from a family's config and its tensors under their Hugging Face names.
+
+    The head is tied exactly when the checkpoint has no separate head weight (some configs say
+    tied but ship both, identical; some say nothing)."""
+    config = hf_config_to_model_config(hf)
+    key_map = family(hf).keys(hf)
+    state = {ours: value for key, tensor in tensors.items() for ours, value in key_map(key, tensor)}
+    config = replace(config, tie_embeddings="lm_head.weight" not in state)
+    return build_model(config, state, device=device, dtype=dtype, pe_cache=pe_cache)
 
 
 def load_hf_checkpoint(
@@ -90,16 +105,14 @@ def load_hf_checkpoint(
     dtype: torch.dtype = torch.float32,
     pe_cache: PECache | None = None,
 ) -> Transformer:
-    """Load a single-file or sharded safetensors Llama-family checkpoint as our `Transformer`."""
-    config = hf_config_to_model_config(json.loads((directory / _CONFIG_FILE).read_text()))
-    state: dict[str, torch.Tensor] = {}
+    """Load a single-file or sharded safetensors checkpoint of a supported family as our `Transformer`."""
+    hf = json.loads((directory / _CONFIG_FILE).read_text())
+    tensors: dict[str, torch.Tensor] = {}
     for shard in _weight_files(directory):
-        with safe_open(str(shard), framework="pt") as tensors:
-            for key in tensors.keys():  # noqa: SIM118 (safe_open is not a Mapping)
-                ours = _our_key(key)
-                if ours is not None:
-                    state[ours] = tensors.get_tensor(key)
-    return build_model(config, state, device=device, dtype=dtype, pe_cache=pe_cache)
+        with safe_open(str(shard), framework="pt") as opened:
+            for key in opened.keys():  # noqa: SIM118 (safe_open is not a Mapping)
+                tensors[key] = opened.get_tensor(key)
+    return build_hf_model(hf, tensors, device=device, dtype=dtype, pe_cache=pe_cache)
 
 
 def export_llama(model: Transformer, directory: Path) -> None:
@@ -150,18 +163,8 @@ def _weight_files(directory: Path) -> list[Path]:
     return files
 
 
-def _our_key(key: str) -> str | None:
-    """Their parameter name -> ours; None for buffers we recompute (rotary inv_freq)."""
-    if "rotary_emb" in key:
-        return None
-    key = key.removeprefix("model.")
-    for theirs, ours in _RENAMES:
-        key = key.replace(theirs, ours)
-    return key
-
-
 def _their_key(key: str) -> str:
-    for theirs, ours in _RENAMES:
+    for ours, theirs in _LLAMA_NAMES:
         key = key.replace(ours, theirs)
     return key if key.startswith("lm_head.") else f"model.{key}"
 

@@ -200,11 +200,7 @@ class PositionalEncoding(nn.Module):
             index, cos, sin = self._step_rope(scalings, table_lengths, window, device, dtype)
         elif pe in ("learned", "sinusoidal"):
             index, absolute = self._step_absolute(scalings, table_lengths, window, device, dtype)
-        slopes = (
-            self.cache.alibi_slopes(self.config.n_heads, device=device, dtype=torch.float32)
-            if pe in ("alibi", "rope_alibi")
-            else None
-        )
+        slopes = self.alibi_slopes(device) if pe in ("alibi", "rope_alibi") else None
         buckets = (
             self.cache.t5_buckets(
                 window,
@@ -315,13 +311,23 @@ class PositionalEncoding(nn.Module):
         sin = _gather_rows({key: table.sin for key, table in tables.items()}, row_keys, query_positions)
         return cos[:, None], sin[:, None]  # [R, 1, Tq, rotary_dim]
 
+    def alibi_slopes(self, device: torch.device) -> Tensor:
+        """The model's ALiBi slopes [n_heads], float32: its rule and steepest slope, then its scale."""
+        config = self.config
+        slopes = self.cache.alibi_slopes(
+            config.n_heads,
+            device=device,
+            dtype=torch.float32,
+            bias_max=config.alibi_bias_max,
+            rule=config.alibi_rule,
+        )
+        return slopes if config.alibi_scale == 1.0 else slopes * config.alibi_scale
+
     def _attention_bias(self, query_positions: Tensor, key_length: int, dtype: torch.dtype) -> Tensor | None:
         """ALiBi or T5 additive bias [R, n_heads, Tq, Tk]; None for the other schemes."""
         key_positions = torch.arange(key_length, device=query_positions.device)
         if self.config.pe in ("alibi", "rope_alibi"):
-            slopes = self.cache.alibi_slopes(
-                self.config.n_heads, device=query_positions.device, dtype=torch.float32
-            )
+            slopes = self.alibi_slopes(query_positions.device)
             rows, length = query_positions.shape
             bias = alibi_bias(slopes, query_positions.flatten(), key_positions)  # [H, R * Tq, Tk]
             return bias.view(-1, rows, length, key_length).transpose(0, 1).to(dtype)

@@ -1,9 +1,11 @@
 """A decoder-only transformer whose positional scheme is a config field.
 
-Pre-norm blocks (RMSNorm, attention, RMSNorm, SwiGLU MLP) with grouped-query attention through
-`scaled_dot_product_attention`. The layout and parameter names follow Llama's, so Hugging Face
-Llama-family weights load by renaming keys alone. Everything positional is delegated to
-`PositionalEncoding`, which draws its math from `pe_runtime`.
+Pre-norm blocks (norm, attention, norm, MLP) with grouped-query attention through
+`scaled_dot_product_attention`. The default shape is Llama's (RMSNorm, SwiGLU, no biases), and so
+are the parameter names; the config's block fields cover the other families a Hugging Face
+loader maps onto it (LayerNorm, GELU MLPs, biases, parallel residuals, q/k norms, an embedding
+norm). Everything positional is delegated to `PositionalEncoding`, which draws its math from
+`pe_runtime`.
 """
 
 from __future__ import annotations
@@ -62,6 +64,20 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+def make_norm(config: ModelConfig, dim: int) -> nn.Module:
+    """The config's norm over `dim` channels: RMSNorm, or LayerNorm with or without its bias."""
+    if config.norm == "layer":
+        return nn.LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)
+    return RMSNorm(dim, config.norm_eps)
+
+
+def activate(x: Tensor, activation: str) -> Tensor:
+    """The MLP's nonlinearity; `gelu_tanh` is GPT-2's tanh approximation (`gelu_new`)."""
+    if activation == "silu":
+        return F.silu(x)
+    return F.gelu(x, approximate="tanh" if activation == "gelu_tanh" else "none")
+
+
 class Attention(nn.Module):
     """Multi-head attention with `n_kv_heads` key/value heads shared by groups of query heads."""
 
@@ -72,7 +88,10 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(config.d_model, config.n_heads * head_dim, bias=config.qkv_bias)
         self.k_proj = nn.Linear(config.d_model, config.n_kv_heads * head_dim, bias=config.qkv_bias)
         self.v_proj = nn.Linear(config.d_model, config.n_kv_heads * head_dim, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(config.n_heads * head_dim, config.d_model, bias=False)
+        self.o_proj = nn.Linear(config.n_heads * head_dim, config.d_model, bias=config.attn_out_bias)
+        # Qwen3 normalises each head's query and key (one weight shared by the heads) before RoPE.
+        self.q_norm = RMSNorm(head_dim, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, config.norm_eps) if config.qk_norm else None
         self.relative = relative_attention_layer(config)  # explicit attention for Shaw, XL, CoPE
 
     def forward(
@@ -82,6 +101,8 @@ class Attention(nn.Module):
         queries = self._heads(self.q_proj(x), self.config.n_heads)  # [B, H, Tq, hd]
         keys = self._heads(self.k_proj(x), self.config.n_kv_heads)  # [B, Hkv, Tq, hd]
         values = self._heads(self.v_proj(x), self.config.n_kv_heads)
+        if self.q_norm is not None and self.k_norm is not None:
+            queries, keys = self.q_norm(queries), self.k_norm(keys)
         if positions.rope is not None:
             queries = apply_rope(queries, *positions.rope, layout=self.config.rope_layout)
             keys = apply_rope(keys, *positions.rope, layout=self.config.rope_layout)
@@ -108,32 +129,48 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """Gated (SwiGLU: down(silu(gate(x)) * up(x))) or plain (down(gelu(up(x)))) feed-forward."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.d_model, config.ffn_hidden, bias=False)
-        self.up_proj = nn.Linear(config.d_model, config.ffn_hidden, bias=False)
-        self.down_proj = nn.Linear(config.ffn_hidden, config.d_model, bias=False)
+        self.activation = config.activation
+        bias = config.mlp_bias
+        self.gate_proj = nn.Linear(config.d_model, config.ffn_hidden, bias=bias) if config.gated_mlp else None
+        self.up_proj = nn.Linear(config.d_model, config.ffn_hidden, bias=bias)
+        self.down_proj = nn.Linear(config.ffn_hidden, config.d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        output: Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_proj is None:
+            hidden = activate(self.up_proj(x), self.activation)
+        else:
+            hidden = activate(self.gate_proj(x), self.activation) * self.up_proj(x)
+        output: Tensor = self.down_proj(hidden)
         return output
 
 
 class Block(nn.Module):
+    """One layer; `config.residual` says how attention and MLP combine (see `Residual`)."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.residual = config.residual
+        self.attn_norm = make_norm(config, config.d_model)
         self.attn = Attention(config)
-        self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.mlp_norm = make_norm(config, config.d_model) if config.residual != "parallel" else None
         self.mlp = MLP(config)
 
     def forward(
         self, x: Tensor, positions: PositionalInputs, cache: RowCache | None, layer_index: int
     ) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), positions, cache, layer_index)
-        output: Tensor = x + self.mlp(self.mlp_norm(x))
+        normed = self.attn_norm(x)
+        attended = self.attn(normed, positions, cache, layer_index)
+        if self.mlp_norm is None:  # parallel: both branches read the one norm
+            output: Tensor = x + attended + self.mlp(normed)
+        elif self.residual == "parallel_two_norms":
+            output = x + attended + self.mlp(self.mlp_norm(x))
+        else:
+            x = x + attended
+            output = x + self.mlp(self.mlp_norm(x))
         return output
 
 
@@ -149,12 +186,13 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.embed_norm = make_norm(config, config.d_model) if config.embedding_norm else None
         self.positions = PositionalEncoding(
             config, pe_cache if pe_cache is not None else PECache(registry=None)
         )
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.norm = RMSNorm(config.d_model, config.norm_eps)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.norm = make_norm(config, config.d_model)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_bias)
         self.apply(_init_weights)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -272,6 +310,8 @@ class Transformer(nn.Module):
         A generator that pauses between layers (see `forward_stages`)."""
         batch, length = tokens.shape
         hidden: Tensor = self.embed_tokens(tokens) * self.config.embedding_scale  # [B, T, D]
+        if self.embed_norm is not None:
+            hidden = self.embed_norm(hidden)
         past_lengths = cache.lengths if cache is not None else [0] * batch
         positions = self.positions(
             length,
@@ -307,7 +347,7 @@ class Transformer(nn.Module):
 
 
 def _init_weights(module: nn.Module) -> None:
-    """GPT-2 style N(0, 0.02) for projections and tables; RMSNorm weights stay at one."""
+    """GPT-2 style N(0, 0.02) for projections and tables; norm weights stay at one."""
     if isinstance(module, nn.Linear | nn.Embedding):
         nn.init.normal_(module.weight, std=0.02)
     if isinstance(module, nn.Linear) and module.bias is not None:
