@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 
@@ -30,6 +31,7 @@ from service.engine.types import (  # noqa: E402
 )
 from service.model.decode_step import unsupported_by_fast_step  # noqa: E402
 from service.model.hf import UnsupportedCheckpointError, hf_config_to_model_config, load_hf_checkpoint  # noqa: E402
+from tests.live_server import live_server  # noqa: E402
 
 TOLERANCE = 1e-4
 VOCAB = 96
@@ -264,3 +266,59 @@ def test_fast_step_names_what_it_cannot_run() -> None:
     assert reason is not None and "norm" in reason and "residual" in reason
     llama = hf_config_to_model_config({"model_type": "llama", "vocab_size": VOCAB} | LLAMA_SHAPE)
     assert unsupported_by_fast_step(llama) is None
+
+
+PER_REQUEST = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+
+
+def test_live_server_serves_the_families_with_per_request_scalings(tmp_path: Path) -> None:
+    """Three families behind one real server: `/score` equals transformers, also under a request's
+    own YaRN scaling (transformers given the same scaling in its config, same weights), and greedy
+    `/generate` equals `generate()`."""
+    cases = ("gpt_neox", "bloom", "qwen3")
+    references = {}
+    for case in cases:
+        references[case] = save_random(tmp_path / case, case, eos_token_id=None, bos_token_id=None)
+        tokenizer_for(tmp_path / case)
+    config_name, model_name, fields, _ = FAMILIES["qwen3"]
+    scaled_config = getattr(transformers, config_name)(
+        vocab_size=VOCAB, **fields, rope_parameters={"rope_type": "yarn", **ORIGINAL, "rope_theta": 10000.0}
+    )
+    scaled = getattr(transformers, model_name)(scaled_config).eval()
+    scaled.load_state_dict(references["qwen3"].state_dict())
+    document = [
+        int(token) for token in torch.randint(1, VOCAB, (40,), generator=torch.Generator().manual_seed(3))
+    ]
+
+    def reference_logprobs(model: Any) -> torch.Tensor:
+        with torch.inference_mode():
+            logprobs = torch.log_softmax(model(torch.tensor([document])).logits[0], dim=-1)
+        return logprobs[torch.arange(len(document) - 1), torch.tensor(document[1:])]
+
+    with live_server([tmp_path / case for case in cases], options={"grpc_port": 0}) as server:
+        listed = httpx.get(server.url("/models")).json()["models"]
+        assert {card["name"]: card["scheme"] for card in listed} == {
+            "gpt_neox": "rope",
+            "bloom": "alibi",
+            "qwen3": "rope",
+        }
+        for case, reference, scaling in [
+            *((case, references[case], None) for case in cases),
+            ("qwen3", scaled, PER_REQUEST),
+        ]:
+            body: dict[str, Any] = {"model": case, "tokens": document}
+            if scaling is not None:
+                body["pe_scaling"] = scaling
+            answer = httpx.post(server.url("/score"), json=body, timeout=60).json()
+            ours = torch.tensor(answer["token_logprobs"][1:])
+            assert (ours - reference_logprobs(reference)).abs().max().item() <= TOLERANCE, (case, scaling)
+        prompt = document[:6]
+        answer = httpx.post(
+            server.url("/generate"),
+            json={"model": "bloom", "tokens": prompt, "max_new_tokens": 32, "temperature": 0},
+            timeout=60,
+        ).json()
+        expected = references["bloom"].generate(
+            torch.tensor([prompt]), max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0
+        )[0, len(prompt) :]
+        assert answer["tokens"] == expected.tolist()
