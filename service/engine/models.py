@@ -19,7 +19,8 @@ from service.engine.errors import ContextLengthError, InvalidRequestError
 from service.engine.types import ModelInfo, PEInfo, TokenizerInfo
 from service.model.checkpoint import is_checkpoint, load_checkpoint, read_config
 from service.model.config import ModelConfig
-from service.model.hf import is_hf_checkpoint, load_hf_checkpoint
+from service.model.gguf_file import gguf_path, model_name, read_gguf
+from service.model.hf import build_hf_model, is_hf_checkpoint, load_hf_checkpoint
 from service.model.positional import SUPPORTED_SCALINGS, default_scaling
 from service.model.transformer import Transformer
 from service.tokenizers import ByteTokenizer, HFTokenizer, TextTokenizer, hf_tokenizer_info
@@ -150,13 +151,21 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 def load_served_model(
     directory: Path, *, device: torch.device, dtype: torch.dtype, max_context: int, pe_cache: PECache
 ) -> ServedModel:
-    """Load our checkpoint or a Hugging Face Llama-family directory (`tokenizer.json` required)."""
+    """Load our checkpoint, a Hugging Face directory (`tokenizer.json` required) or a GGUF file."""
     tokenizer: TextTokenizer
     if is_checkpoint(directory):
         name, _ = read_config(directory)
         model = load_checkpoint(directory, device=device, dtype=dtype, pe_cache=pe_cache)
         tokenizer = ByteTokenizer()
         tokenizer_info = TokenizerInfo(bos_token_id=model.config.bos_id, eos_token_id=model.config.eos_id)
+    elif (gguf_file := gguf_path(directory)) is not None:
+        name = model_name(directory)
+        checkpoint = read_gguf(gguf_file)
+        model = build_hf_model(
+            checkpoint.hf_config, checkpoint.tensors, device=device, dtype=dtype, pe_cache=pe_cache
+        )
+        tokenizer = HFTokenizer(json_text=checkpoint.tokenizer_json)
+        tokenizer_info = checkpoint.tokenizer_info
     elif is_hf_checkpoint(directory):
         if not (directory / "tokenizer.json").is_file():
             raise ValueError(f"{directory} is a Hugging Face checkpoint without tokenizer.json")
@@ -165,7 +174,7 @@ def load_served_model(
         tokenizer = HFTokenizer(directory / "tokenizer.json")
         tokenizer_info = hf_tokenizer_info(directory, bos_id=model.config.bos_id, eos_id=model.config.eos_id)
     else:
-        raise ValueError(f"{directory} holds neither a pe-serve nor a Hugging Face checkpoint")
+        raise ValueError(f"{directory} holds neither a pe-serve, a Hugging Face nor a GGUF checkpoint")
     config = model.config
     info = ModelInfo(
         name=name,
