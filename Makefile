@@ -29,7 +29,8 @@ serve: $(STAMP)
 	$(BIN)/pe-serve --host 127.0.0.1 --port 8000
 
 serve-smollm2: $(STAMP)
-	$(BIN)/pe-serve --host 127.0.0.1 --port 8000 --model-dir "$$($(BIN)/python -m service.model.bundled smollm2)"
+	$(BIN)/pe-serve --host 127.0.0.1 --port 8000 --max-context 16384 \
+		--model-dir "$$($(BIN)/python -m service.model.bundled smollm2)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -49,6 +50,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.decode_step
 	$(BIN)/python -m bench.throughput
 	$(BIN)/python -m bench.serving
+	$(BIN)/python -m bench.real_checkpoints
 
 # Long reliability runs, each writing its figures under bench/results/ (see docs/reliability.md).
 FUZZ_EXAMPLES ?= 100000

@@ -30,8 +30,9 @@ from service.engine.types import (  # noqa: E402
     ScoreResult,
 )
 from service.model.bundled import bundled_model  # noqa: E402
-from service.model.gguf_file import read_gguf  # noqa: E402
+from service.model.gguf_file import read_gguf, read_metadata, tokenizer_json  # noqa: E402
 from service.model.hf import UnsupportedCheckpointError, build_hf_model  # noqa: E402
+from service.tokenizers import HFTokenizer  # noqa: E402
 from tests.live_server import live_server  # noqa: E402
 
 WIDTH, FFN, HEADS, KV_HEADS, VOCAB = 256, 512, 4, 2, 64
@@ -261,3 +262,30 @@ def test_a_live_server_serves_the_gguf_file(smollm2: Any) -> None:
         )
         assert answer.status_code == 200, answer.text
         assert "Paris" in answer.json()["choices"][0]["message"]["content"]
+
+
+def test_a_sentencepiece_vocabulary_tokenizes_like_transformers(tmp_path: Path) -> None:
+    """A `llama` (SentencePiece BPE) vocabulary: merges by score, `▁` spaces, byte fallback."""
+    pieces = ["▁", "a", "b", "c", "d", "e", "▁a", "ab", "▁ab", "▁c", "cd", "▁cd", "de", "abc", "▁abc"]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{value:02X}>" for value in range(256)), *pieces]
+    types = [2, 3, 3, *([6] * 256), *([1] * len(pieces))]
+    scores = [0.0, 0.0, 0.0, *([0.0] * 256), *(-float(rank) for rank in range(len(pieces)))]
+    path = tmp_path / "spm.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_scores(scores)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    ours = HFTokenizer(json_text=tokenizer_json(read_metadata(gguf.GGUFReader(str(path)))))
+    for text in ("abc cd", "abcde ab  c", "a\u00e9b", "dd e"):
+        assert ours.encode(text, add_special_tokens=True) == reference(text)["input_ids"], text
+        assert ours.decode(ours.encode(text)) == text
