@@ -184,16 +184,24 @@ def _stablelm_block(hf: Config) -> dict[str, Any]:
 # --- GPT-2, GPT-J, GPT-NeoX, BLOOM, MPT, Falcon ------------------------------------------------------
 
 
+def _classic_block(
+    hf: Config, activation_name: str, *, eps_key: str = "layer_norm_epsilon"
+) -> dict[str, Any]:
+    """What the GPT-2 lineage shares: LayerNorm and a plain (ungated) GELU MLP."""
+    return {
+        "norm": "layer",
+        "norm_eps": float(hf.get(eps_key, 1e-5)),
+        "gated_mlp": False,
+        "activation": activation_name,
+    }
+
+
 def _gpt2_block(hf: Config) -> dict[str, Any]:
     require(hf, "scale_attn_weights", True, "unscaled attention is not implemented")
     require(hf, "scale_attn_by_inverse_layer_idx", False)
     require(hf, "add_cross_attention", False)
-    return {
+    return _classic_block(hf, activation(hf, "activation_function", "gelu_new")) | {
         "pe": "learned",
-        "norm": "layer",
-        "norm_eps": float(hf.get("layer_norm_epsilon", 1e-5)),
-        "gated_mlp": False,
-        "activation": activation(hf, "activation_function", "gelu_new"),
         "mlp_bias": True,
         "qkv_bias": True,
         "attn_out_bias": True,
@@ -236,11 +244,7 @@ def _gpt2_keys(hf: Config) -> KeyMap:
 def _gptj_block(hf: Config) -> dict[str, Any]:
     head_dim = int(hf["n_embd"]) // int(hf["n_head"])
     rotary = int(hf.get("rotary_dim") or head_dim)
-    return {
-        "norm": "layer",
-        "norm_eps": float(hf.get("layer_norm_epsilon", 1e-5)),
-        "gated_mlp": False,
-        "activation": activation(hf, "activation_function", "gelu_new"),
+    return _classic_block(hf, activation(hf, "activation_function", "gelu_new")) | {
         "mlp_bias": True,
         "lm_head_bias": True,
         "residual": "parallel",
@@ -267,11 +271,7 @@ def _gptj_keys(hf: Config) -> KeyMap:
 
 def _neox_block(hf: Config) -> dict[str, Any]:
     bias = bool(hf.get("attention_bias", True))
-    return {
-        "norm": "layer",
-        "norm_eps": float(hf.get("layer_norm_eps", 1e-5)),
-        "gated_mlp": False,
-        "activation": activation(hf, "hidden_act", "gelu"),
+    return _classic_block(hf, activation(hf, "hidden_act", "gelu"), eps_key="layer_norm_eps") | {
         "mlp_bias": True,
         "qkv_bias": bias,
         "attn_out_bias": bias,
@@ -312,12 +312,8 @@ def _neox_keys(hf: Config) -> KeyMap:
 
 def _bloom_block(hf: Config) -> dict[str, Any]:
     require(hf, "apply_residual_connection_post_layernorm", False)
-    return {
+    return _classic_block(hf, "gelu_tanh") | {
         "pe": "alibi",
-        "norm": "layer",
-        "norm_eps": float(hf.get("layer_norm_epsilon", 1e-5)),
-        "gated_mlp": False,
-        "activation": "gelu_tanh",
         "mlp_bias": True,
         "qkv_bias": True,
         "attn_out_bias": True,
@@ -353,13 +349,9 @@ def _mpt_block(hf: Config) -> dict[str, Any]:
     if attn.get("qk_ln", False):
         raise refuse("attn_config.qk_ln", attn["qk_ln"], "not implemented")
     require(hf, "no_bias", True, "MPT with biases is not implemented")
-    return {
+    return _classic_block(hf, "gelu") | {
         "pe": "alibi",
-        "norm": "layer",
         "norm_bias": False,
-        "norm_eps": float(hf.get("layer_norm_epsilon", 1e-5)),
-        "gated_mlp": False,
-        "activation": "gelu",
         "alibi_rule": "mpt",
         "alibi_bias_max": float(attn.get("alibi_bias_max", 8)),
         "tie_embeddings": True,
