@@ -392,12 +392,6 @@ def _falcon_shape(hf: Config) -> tuple[int, int, bool]:
 
 
 def _falcon_block(hf: Config) -> dict[str, Any]:
-    if hf.get("alibi", False):
-        raise refuse(
-            "alibi",
-            True,
-            "Falcon's ALiBi is computed in bfloat16 by its reference implementation; not served",
-        )
     _, kv_heads, grouped = _falcon_shape(hf)
     two_norms = grouped and int(hf.get("num_ln_in_parallel_attn") or 2) == 2
     parallel = grouped or bool(hf.get("parallel_attn", True))
@@ -415,7 +409,15 @@ def _falcon_block(hf: Config) -> dict[str, Any]:
         "ffn_hidden": int(hf.get("ffn_hidden_size") or 4 * int(hf["hidden_size"])),
         "rope_base": rope_base(hf),
         "tie_embeddings": bool(hf.get("tie_word_embeddings", True)),
-    }
+    } | (_falcon_alibi(hf) if hf.get("alibi", False) else {})
+
+
+def _falcon_alibi(hf: Config) -> dict[str, Any]:
+    """Falcon-RW's ALiBi: BLOOM's slopes, added to the scores before they are divided by
+    sqrt(head_dim), so the slopes are scaled by it. (Its reference computes the bias in bfloat16,
+    exact for power-of-two head counts at positions below 256; ours stays in float32.)"""
+    head_dim = int(hf["hidden_size"]) // int(hf["num_attention_heads"])
+    return {"pe": "alibi", "alibi_scale": head_dim**-0.5}
 
 
 def _falcon_keys(hf: Config) -> KeyMap:

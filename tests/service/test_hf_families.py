@@ -117,6 +117,13 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
         | {"new_decoder_architecture": True},
         "rope",
     ),
+    "falcon-alibi": (  # Falcon-RW's layout
+        "FalconConfig",
+        "FalconForCausalLM",
+        {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "multi_query": False}
+        | {"parallel_attn": False, "bias": True, "alibi": True},
+        "alibi",
+    ),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", LLAMA_SHAPE | {"pad_token_id": 0}, "rope"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", LLAMA_SHAPE | {"head_dim": 16}, "rope"),
     "llama-attention-bias": (
@@ -208,7 +215,8 @@ def tokenizer_for(directory: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "case", ["gpt2", "gptj", "gpt_neox", "stablelm", "bloom", "mpt", "falcon", "phi3", "qwen3"]
+    "case",
+    ["gpt2", "gptj", "gpt_neox", "stablelm", "bloom", "mpt", "falcon", "falcon-alibi", "phi3", "qwen3"],
 )
 def test_engine_generates_and_scores_like_transformers(tmp_path: Path, case: str) -> None:
     """The served model: 32 greedy tokens equal `generate()`'s, scored logprobs equal transformers'."""
@@ -250,11 +258,11 @@ def test_unsupported_features_are_refused_by_key() -> None:
         hf_config_to_model_config(base | {"qk_layernorm": True})
     with pytest.raises(UnsupportedCheckpointError, match="model_type"):
         hf_config_to_model_config(base | {"model_type": "gemma2"})
-    with pytest.raises(UnsupportedCheckpointError, match="alibi"):
+    with pytest.raises(UnsupportedCheckpointError, match="num_kv_heads"):
         hf_config_to_model_config(
             {"model_type": "falcon", "vocab_size": VOCAB, "hidden_size": 32}
             | HEADS
-            | {"alibi": True, "num_hidden_layers": 2}
+            | {"multi_query": False, "num_kv_heads": 2, "num_hidden_layers": 2}
         )
     with pytest.raises(UnsupportedCheckpointError, match="final_logit_softcapping"):
         hf_config_to_model_config(base | {"model_type": "llama", "final_logit_softcapping": 30.0})
