@@ -30,6 +30,10 @@ from service.model.hf_families import UnsupportedCheckpointError
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
 # Metadata keys that change the math and that no supported model implements.
 _REFUSED_SUFFIXES = ("attention.sliding_window", "final_logit_softcapping", "attn_logit_softcapping")
+# `<arch>.rope.scaling.*` fields read into the scaling; the others change llama.cpp's YaRN in ways
+# Hugging Face's has no field for, so a file setting one away from its neutral value is refused.
+_SCALING_FIELDS = ("type", "factor", "original_context_length", "finetuned")
+_NEUTRAL = {"attn_factor": 1.0, "yarn_log_multiplier": 0.0}
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -145,6 +149,10 @@ def _rope_scaling(
 ) -> dict[str, Any] | None:
     """`<arch>.rope.scaling.*` (and phi3's factor tensors) as a Hugging Face `rope_scaling`."""
     prefix = f"{arch}.rope.scaling."
+    for key, value in meta.items():
+        field = key.removeprefix(prefix)
+        if key.startswith(prefix) and field not in _SCALING_FIELDS and _NEUTRAL.get(field) != value:
+            raise UnsupportedCheckpointError(f"GGUF field {key!r} = {value!r}: not implemented")
     kind = meta.get(prefix + "type", "none")
     original = meta.get(prefix + "original_context_length")
     if "rope_factors_long.weight" in raw:

@@ -71,9 +71,16 @@ def add(writer: Any, name: str, values: np.ndarray, quant: Any, rng: np.random.G
         writer.add_tensor(name, packed, raw_dtype=quant)
 
 
-def write_tiny_gguf(path: Path, quant: Any, *, arch: str = "llama") -> None:
+def write_tiny_gguf(
+    path: Path, quant: Any, *, arch: str = "llama", metadata: dict[str, str | float] | None = None
+) -> None:
     rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in (metadata or {}).items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_float32(key, value)
     writer.add_block_count(1)
     writer.add_context_length(128)
     writer.add_embedding_length(WIDTH)
@@ -152,6 +159,20 @@ def test_tiny_qwen2_gguf_with_biases_matches_transformers(tmp_path: Path) -> Non
     tokens = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         assert (ours(tokens) - reference_logits(path, tokens)).abs().max().item() <= 1e-4
+
+
+def test_an_unimplemented_yarn_field_is_refused_by_name(tmp_path: Path) -> None:
+    """llama.cpp's YaRN fields beyond type, factor and original length have no Hugging Face
+    equivalent: a file that sets one away from neutral is refused, not served approximately."""
+    yarn: dict[str, str | float] = {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}
+    write_tiny_gguf(tmp_path / "yarn.gguf", Q.F32, metadata=yarn)
+    scaling = read_gguf(tmp_path / "yarn.gguf").hf_config["rope_scaling"]
+    assert scaling == {"rope_type": "yarn", "factor": 4.0}
+    write_tiny_gguf(
+        tmp_path / "beta.gguf", Q.F32, metadata=yarn | {"llama.rope.scaling.yarn_beta_fast": 16.0}
+    )
+    with pytest.raises(UnsupportedCheckpointError, match=r"yarn_beta_fast"):
+        read_gguf(tmp_path / "beta.gguf")
 
 
 def test_an_unsupported_architecture_is_refused_by_name(tmp_path: Path) -> None:
