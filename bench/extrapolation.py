@@ -4,7 +4,7 @@
 windows of 256..4096 bytes, with every zoo model: each scheme without scaling, RoPE with every
 scaling type, the absolute schemes with position interpolation, Transformer-XL with interpolated
 relative distances and RoPE + ALiBi with dynamic NTK, all at factor = length / 256.
-Windows go through `InferenceEngine.submit(ScoreRequest)`, the path behind `POST /score`, so a
+Windows go through `InferenceEngine.submit(ScoringRequest)`, the path behind `POST /score`, so a
 refusal here (learned positions past their table) is the refusal a client gets.
 
 Writes `bench/results/extrapolation.md` (tables and run details) and `extrapolation.png`.
@@ -33,7 +33,7 @@ import torch
 from pe_runtime import RopeScaling
 from service.engine.engine import InferenceEngine
 from service.engine.errors import InvalidRequestError
-from service.engine.types import ScoreRequest, ScoreResult
+from service.engine.types import ScoreResult, ScoringRequest
 from service.model.config import Scheme
 from training.corpus import consecutive_windows, load_corpus
 from training.recipe import TRAINED_CONTEXT, ZOO_SCHEMES
@@ -128,7 +128,7 @@ def score_window(
     engine: InferenceEngine, model: str, window: Sequence[int], scaling: RopeScaling
 ) -> list[float]:
     """Log-probabilities (nats) of tokens 1..L-1 of one window, from one `/score`-style request."""
-    request = ScoreRequest(request_id=uuid.uuid4().hex, model=model, tokens=tuple(window), scaling=scaling)
+    request = ScoringRequest(request_id=uuid.uuid4().hex, model=model, tokens=tuple(window), scaling=scaling)
     final = list(engine.submit(request))[-1]
     if not isinstance(final, ScoreResult):
         raise TypeError(f"a score request ended with {type(final).__name__}, not a ScoreResult")

@@ -30,8 +30,8 @@ from service.engine.types import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
-    ScoreRequest,
     ScoreResult,
+    ScoringRequest,
 )
 from service.model.bundled import bundled_model
 
@@ -71,7 +71,7 @@ def english_tokens(engine: InferenceEngine, model: str, count: int) -> list[int]
 
 
 def perplexity(engine: InferenceEngine, model: str, tokens: list[int], scaling: RopeScaling | None) -> float:
-    result = list(engine.submit(ScoreRequest(f"ppl-{len(tokens)}", model, tuple(tokens), scaling=scaling)))[
+    result = list(engine.submit(ScoringRequest(f"ppl-{len(tokens)}", model, tuple(tokens), scaling=scaling)))[
         -1
     ]
     assert isinstance(result, ScoreResult)

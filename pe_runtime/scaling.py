@@ -55,6 +55,13 @@ _TYPE_FIELDS: Final[Mapping[str, frozenset[str]]] = {
 # "hf" follows transformers (a table for the exact length, cached keys kept as they were computed).
 DYNAMIC_MODES: Final = ("bucketed", "hf")
 
+# Bounds on what a scaling may say, the one definition (the API's schemas declare these same
+# numbers): a factor, an original length, any other parameter, and a LongRoPE factor list.
+MAX_FACTOR: Final = 1024.0
+MAX_POSITIONS: Final = 1 << 22
+MAX_PARAMETER: Final = 1e6
+MAX_FACTOR_LIST: Final = 4096
+
 # transformers' defaults for yarn; Meta's published values for llama3 (transformers requires them, a
 # request body should not have to).
 _STATIC_DEFAULTS: Final[Mapping[str, Mapping[str, Any]]] = {
@@ -173,7 +180,7 @@ class RopeScaling:
         yarn, llama3 and longrope. `rope_theta` and `partial_rotary_factor` are model settings and
         are ignored here. None-valued keys count as absent, as transformers reads them with `.get`.
         """
-        max_length = _positive_int("max_position_embeddings", max_position_embeddings)
+        max_length = _positive_int("max_position_embeddings", max_position_embeddings, math.inf)
         params = {
             key: value
             for key, value in (rope_scaling or {}).items()
@@ -224,12 +231,18 @@ def _default_factor(scaling_type: str, params: Mapping[str, Any], max_length: in
     return max_length / original
 
 
-def _finite(name: str, value: object) -> float:
+def _finite(name: str, value: object, limit: float = MAX_PARAMETER) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise PEConfigError(f"{name} must be a number, got {value!r}", field=name)
     if not math.isfinite(value):
         raise PEConfigError(f"{name} must be finite, got {value!r}", field=name)
+    if abs(value) > limit:
+        raise PEConfigError(f"{name} must be at most {limit:g}, got {value!r}", field=name)
     return float(value)
+
+
+def _factor(name: str, value: object) -> float:
+    return _finite(name, value, MAX_FACTOR)
 
 
 def _positive(name: str, value: object) -> float:
@@ -246,8 +259,8 @@ def _non_negative(name: str, value: object) -> float:
     return number
 
 
-def _positive_int(name: str, value: object) -> int:
-    number = _finite(name, value)
+def _positive_int(name: str, value: object, limit: float = MAX_POSITIONS) -> int:
+    number = _finite(name, value, limit)
     if not number.is_integer() or number < 1:
         raise PEConfigError(f"{name} must be a positive integer, got {value!r}", field=name)
     return int(number)
@@ -268,11 +281,13 @@ def _dynamic_mode(name: str, value: object) -> str:
 def _factor_list(name: str, value: object) -> tuple[float, ...]:
     if isinstance(value, str | bytes) or not isinstance(value, list | tuple) or not value:
         raise PEConfigError(f"{name} must be a non-empty list of numbers, got {value!r}", field=name)
+    if len(value) > MAX_FACTOR_LIST:
+        raise PEConfigError(f"{name} has {len(value)} entries, more than {MAX_FACTOR_LIST}", field=name)
     return tuple(_positive(name, item) for item in value)
 
 
 _CANONICALISERS: Final[Mapping[str, Callable[[str, object], object]]] = {
-    "factor": _finite,
+    "factor": _factor,
     "original_max_position_embeddings": _positive_int,
     "beta_fast": _positive,
     "beta_slow": _positive,

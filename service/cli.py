@@ -19,10 +19,10 @@ from typing import Any, get_args
 import uvicorn
 from pydantic import ValidationError
 
-from service.api import create_app
 from service.api.connections import guarded_protocol
-from service.api.logs import logging_config
-from service.api.state import Phase, ServiceState
+from service.logs import logging_config
+from service.requests.state import Phase, ServiceState
+from service.server import create_server
 from service.settings import Device, DType, EngineMode, LogLevel, Settings
 
 # Seconds uvicorn waits for open connections once the drain is over; responses are complete by then.
@@ -175,7 +175,7 @@ def load_settings(argv: Sequence[str] | None = None) -> Settings:
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings = load_settings(argv)
-    app = create_app(settings)
+    app = create_server(settings)
     state: ServiceState = app.state.service
     config = uvicorn.Config(
         app,

@@ -4,7 +4,7 @@
     serve run deploy.ray.app:build_app num_replicas=2 num_gpus=0.5 max_batch_size=8
     serve deploy deploy/ray/serve-config.yaml                      # on a running Ray cluster
 
-The FastAPI app is the service's own (`service.api.create_app`), built inside each replica by
+The FastAPI app is the service's own (`service.server.create_server`), built inside each replica by
 `__serve_build_asgi_app__` so that the engine, torch and the models live in the replica process and
 nothing heavy is pickled from the driver. Every replica serves every `pe` and `pe_scaling`, so
 Serve's router may send any request anywhere.
@@ -40,8 +40,8 @@ from ray import serve
 from ray.serve import Application
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api import create_app
-from service.api.state import Phase, ServiceState
+from service.requests.state import Phase, ServiceState
+from service.server import create_server
 from service.settings import Settings
 
 # The header naming the replica that answered: routing is visible from outside.
@@ -148,7 +148,7 @@ class PEServeReplica:
         self.state: ServiceState | None = None
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        app = create_app(self.settings)
+        app = create_server(self.settings)
         self.state = app.state.service
         app.router.lifespan_context = _wait_until_ready(app.router.lifespan_context, app.state.service)
         replica_id = serve.get_replica_context().replica_id.unique_id

@@ -1,5 +1,1 @@
-"""The HTTP layer: FastAPI app factory, routes, schemas, errors, middlewares and metrics."""
-
-from service.api.app import create_app
-
-__all__ = ["create_app"]
+"""The HTTP transport: FastAPI app factory, routes, HTTP-only schemas, error statuses, middlewares."""

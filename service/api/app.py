@@ -1,23 +1,19 @@
-"""The FastAPI application factory.
+"""The FastAPI application factory: the HTTP transport over the request core.
 
-`create_app(settings)` builds a server that loads its models itself (the bundled zoo unless
-`settings.model_dir` says otherwise); `create_app(settings, engine)` serves a given engine, which
-the app then starts, warms and shuts down as its own. Unless `settings.grpc_port` is 0, the app's
-lifespan also runs the gRPC API on that port, over the same engine and state.
+`create_app` is given the state and metrics it shares with any other transport, how to build the
+engine, and the companion servers its lifespan runs; `service.server.create_server` composes it
+with the gRPC API.
 """
 
 from __future__ import annotations
 
-import importlib
-from functools import partial
+from collections.abc import Sequence
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from service.api.errors import install_error_handlers
-from service.api.lifespan import Companion, engine_lifespan
-from service.api.loading import load_engine
-from service.api.metrics import ServiceMetrics
+from service.api.lifespan import Companion, EngineFactory, engine_lifespan
 from service.api.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestContextMiddleware
 from service.api.openapi import register_stream_models
 from service.api.routes import (
@@ -33,8 +29,8 @@ from service.api.routes import (
     score,
     tokenizer,
 )
-from service.api.state import ServiceState
-from service.engine.types import Engine, EngineStats
+from service.requests.metrics import ServiceMetrics
+from service.requests.state import ServiceState
 from service.settings import Settings
 
 # Liveness, readiness, scraping and the API description stay reachable without a key; so do the
@@ -47,32 +43,14 @@ _DESCRIPTION = (
 )
 
 
-def grpc_server(settings: Settings, state: ServiceState, metrics: ServiceMetrics) -> Companion:
-    """The gRPC API on `settings.grpc_port`, imported only when it is enabled."""
-    server_module = importlib.import_module("service.grpc_api.server")
-    server: Companion = server_module.GrpcServer(
-        state,
-        metrics,
-        host=settings.host,
-        port=settings.grpc_port,
-        api_keys=settings.api_keys(),
-        max_message_bytes=settings.max_body_bytes,
-    )
-    return server
-
-
-def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
-    state = ServiceState(drain_timeout_s=settings.drain_timeout_s)
-
-    def engine_stats() -> EngineStats | None:
-        return state.engine.stats() if state.engine is not None else None
-
-    def engine_metrics() -> bytes:
-        return state.engine.metrics_text() if state.engine is not None else b""
-
-    service_metrics = ServiceMetrics(engine_stats, engine_metrics)
-    build = (lambda: engine) if engine is not None else partial(load_engine, settings)
-    companions = [grpc_server(settings, state, service_metrics)] if settings.grpc_port else []
+def create_app(
+    settings: Settings,
+    build: EngineFactory,
+    *,
+    state: ServiceState,
+    service_metrics: ServiceMetrics,
+    companions: Sequence[Companion] = (),
+) -> FastAPI:
     app = FastAPI(
         title="pe-serve",
         version="0.1.0",

@@ -21,8 +21,8 @@ from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from service.api.errors import APIError
 from service.engine.types import TokenizerInfo
+from service.requests.errors import ErrorKind, RequestError
 
 
 class _TemplateRaised(TemplateError):
@@ -63,8 +63,8 @@ def render_chat(
 ) -> str:
     """The prompt text; a 422 (400 under /v1) naming the model if it has no template or it fails."""
     if tokenizer.chat_template is None:
-        raise APIError(
-            422,
+        raise RequestError(
+            ErrorKind.INVALID,
             f"Model {model!r} has no chat template (no chat_template in its tokenizer_config.json); "
             "use /v1/completions with a prompt instead.",
             param="model",
@@ -81,9 +81,13 @@ def render_chat(
             **{name: value for name, value in special.items() if value is not None},
         )
     except _TemplateRaised as error:
-        raise APIError(
-            422, f"The chat template of {model!r} refused the messages: {error}", param="messages"
+        raise RequestError(
+            ErrorKind.INVALID,
+            f"The chat template of {model!r} refused the messages: {error}",
+            param="messages",
         ) from error
     except Exception as error:  # a template meeting data it cannot handle is a bad request, not a bug
-        raise APIError(422, f"The chat template of {model!r} failed: {error}", param="messages") from error
+        raise RequestError(
+            ErrorKind.INVALID, f"The chat template of {model!r} failed: {error}", param="messages"
+        ) from error
     return rendered

@@ -11,10 +11,10 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from service.api.errors import APIError
-from service.api.metrics import ServiceMetrics
-from service.api.state import ServiceState
 from service.engine.types import Engine
+from service.requests.errors import ErrorKind, RequestError
+from service.requests.metrics import ServiceMetrics
+from service.requests.state import ServiceState
 
 
 async def get_state(request: Request) -> ServiceState:
@@ -55,7 +55,7 @@ async def require_json(request: Request) -> None:
         subtype == "json" or subtype.endswith("+json")
     )
     if not is_json:
-        raise APIError(415, "Content-Type must be application/json.", param=None)
+        raise RequestError(ErrorKind.UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json.")
 
 
 StateDep = Annotated[ServiceState, Depends(get_state)]

@@ -1,8 +1,9 @@
 """The one place where failures become the SPEC's error body `{"error": {type, message, param}}`.
 
-Every status the service answers with an error goes through `error_response`, whether it comes
-from request validation, `pe_runtime`'s config checks, the engine, the middlewares (401, 413) or
-an unexpected exception (500, logged with its stack trace but never echoed to the client).
+Every failure a request can end with is a `RequestError` (`service.requests.errors`) by the time it
+is answered, whether it comes from request validation, `pe_runtime`'s config checks, the engine,
+the middlewares (401, 413) or an unexpected exception (500, logged with its stack trace but never
+echoed to the client). Its kind becomes a status through `HTTP_STATUS`, this transport's one table.
 
 Under `/v1` the same failures take OpenAI's shape, `{"error": {message, type, param, code}}`,
 and invalid input is a 400 as OpenAI answers it (OpenAI clients raise BadRequestError for it);
@@ -11,32 +12,37 @@ and invalid input is a 400 as OpenAI answers it (OpenAI clients raise BadRequest
 
 from __future__ import annotations
 
-import logging
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pe_runtime import PEConfigError
-from service.engine.errors import (
-    ContextLengthError,
-    EngineError,
-    EngineUnavailableError,
-    InvalidRequestError,
-    ModelNotFoundError,
-    QueueFullError,
-    RequestCancelledError,
-)
+from service.engine.errors import EngineError
+from service.requests.errors import ErrorKind, RequestError, as_request_error, from_validation_errors
 
-logger = logging.getLogger("service.api")
-
-SCALING_FIELD = "pe_scaling"
 OPENAI_PREFIX = "/v1/"
+
+HTTP_STATUS: Mapping[ErrorKind, int] = {
+    ErrorKind.BAD_REQUEST: 400,
+    ErrorKind.UNAUTHENTICATED: 401,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.METHOD_NOT_ALLOWED: 405,
+    ErrorKind.CONFLICT: 409,
+    ErrorKind.TOO_LARGE: 413,
+    ErrorKind.UNSUPPORTED_MEDIA_TYPE: 415,
+    ErrorKind.INVALID: 422,
+    ErrorKind.QUEUE_FULL: 429,
+    # nginx's "client closed request": what is recorded for a client that went away.
+    ErrorKind.CANCELLED: 499,
+    ErrorKind.INTERNAL: 500,
+    ErrorKind.UNAVAILABLE: 503,
+}
+CLIENT_CLOSED_REQUEST = HTTP_STATUS[ErrorKind.CANCELLED]
+_KIND_OF_STATUS = {status: kind for kind, status in HTTP_STATUS.items()}
 
 # OpenAI's error types by status; anything else is a server error.
 _OPENAI_TYPES: Mapping[int, str] = {
@@ -49,48 +55,11 @@ _OPENAI_TYPES: Mapping[int, str] = {
     429: "rate_limit_error",
 }
 
-_STATUS_TYPES: Mapping[int, str] = {
-    400: "bad_request",
-    401: "authentication_error",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "request_too_large",
-    409: "conflict",
-    415: "unsupported_media_type",
-    422: "invalid_request_error",
-    429: "queue_full",
-    503: "service_unavailable",
+# Headers a kind of failure carries over HTTP besides Retry-After.
+_KIND_HEADERS: Mapping[ErrorKind, Mapping[str, str]] = {
+    ErrorKind.UNAUTHENTICATED: {"WWW-Authenticate": 'Bearer realm="pe-serve"'},
+    ErrorKind.TOO_LARGE: {"Connection": "close"},
 }
-
-# Most specific class first: ContextLengthError is an InvalidRequestError.
-_ENGINE_STATUS: Sequence[tuple[type[EngineError], int]] = (
-    (ContextLengthError, 422),
-    (InvalidRequestError, 422),
-    (ModelNotFoundError, 404),
-    (QueueFullError, 429),
-    (EngineUnavailableError, 503),
-    (RequestCancelledError, 503),
-)
-
-
-class APIError(Exception):
-    """A client-facing failure raised by the HTTP layer itself (bad content type, not ready, ...)."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        error_type: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.error_type = error_type or _STATUS_TYPES.get(status, "error")
-        self.headers = dict(headers or {})
 
 
 def error_body(error_type: str, message: str, param: str | None = None) -> dict[str, Any]:
@@ -101,7 +70,7 @@ def is_openai_path(path: str) -> bool:
     return path.startswith(OPENAI_PREFIX)
 
 
-def error_payload(error: APIError, *, openai: bool = False) -> dict[str, Any]:
+def error_payload(error: RequestError, *, openai: bool = False) -> dict[str, Any]:
     """The error body in the SPEC's shape, or in OpenAI's for the `/v1` routes."""
     if not openai:
         return error_body(error.error_type, error.message, error.param)
@@ -109,120 +78,56 @@ def error_payload(error: APIError, *, openai: bool = False) -> dict[str, Any]:
     return {"error": {"message": error.message, "type": kind, "param": error.param, "code": error.error_type}}
 
 
-def _status(error: APIError, *, openai: bool) -> int:
-    return 400 if openai and error.status == 422 else error.status
+def _status(error: RequestError, *, openai: bool) -> int:
+    status = HTTP_STATUS[error.kind]
+    return 400 if openai and status == 422 else status
 
 
-def error_response(error: APIError, *, openai: bool = False) -> JSONResponse:
+def error_headers(error: RequestError) -> dict[str, str]:
+    headers = dict(_KIND_HEADERS.get(error.kind, {}))
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(error.retry_after_s)
+    return headers
+
+
+def error_response(error: RequestError, *, openai: bool = False) -> JSONResponse:
     body = error_payload(error, openai=openai)
-    return JSONResponse(body, status_code=_status(error, openai=openai), headers=error.headers)
+    return JSONResponse(body, status_code=_status(error, openai=openai), headers=error_headers(error))
 
 
-def internal_error(request_id: str) -> APIError:
-    """The 500 a client sees: a request id to quote, nothing about our code."""
-    message = f"Internal server error; quote request id {request_id} when reporting it."
-    return APIError(500, message, error_type="internal_error")
-
-
-def from_engine_error(error: EngineError) -> APIError:
-    """Map an engine failure to its status; unknown engine failures are our fault (500)."""
-    status = next((code for cls, code in _ENGINE_STATUS if isinstance(error, cls)), 500)
-    headers: dict[str, str] = {}
-    if isinstance(error, QueueFullError):
-        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
-    return APIError(status, error.message, param=error.param, error_type=error.error_type, headers=headers)
-
-
-def from_pe_config_error(error: PEConfigError) -> APIError:
-    """pe_runtime names the scaling's own field; the request nests it under `pe_scaling`."""
-    return APIError(422, error.message, param=f"{SCALING_FIELD}.{error.field}")
-
-
-def param_from_location(location: Sequence[str | int], error_type: str) -> str | None:
-    """Dotted request field from a pydantic error location.
-
-    Drops the leading "body" and the discriminator tag pydantic inserts for tagged unions
-    (`pe_scaling.yarn.factor` -> `pe_scaling.factor`); a bad or missing tag names `pe_scaling.type`.
-    """
-    if error_type == "json_invalid":
-        return None
-    parts = [str(part) for part in location]
-    if parts[:1] == ["body"]:
-        parts = parts[1:]
-    if parts[:1] == [SCALING_FIELD]:
-        if error_type in ("union_tag_invalid", "union_tag_not_found"):
-            return f"{SCALING_FIELD}.type"
-        parts = [SCALING_FIELD, *parts[2:]]
-    return ".".join(parts) or None
-
-
-# Errors about the body as a whole (absent, an array, a string) rather than one of its fields.
-_NOT_AN_OBJECT = frozenset({"missing", "model_attributes_type", "model_type", "dict_type"})
-
-
-def from_validation_errors(errors: Sequence[Mapping[str, Any]]) -> APIError:
-    """The first problem, named by its dotted field; pydantic's wording, prefixed with the field.
-
-    Takes the error list of FastAPI's `RequestValidationError` (locations under "body") as well as
-    a pydantic `ValidationError`'s (the gRPC API validates its requests with the same schemas).
-    """
-    first = errors[0]
-    error_type = str(first.get("type", ""))
-    param = param_from_location(first.get("loc", ()), error_type)
-    detail = str(first.get("msg", "invalid request"))
-    if error_type == "json_invalid":
-        reason = first.get("ctx", {}).get("error")
-        detail = f"Request body is not valid JSON: {reason}" if reason else "Request body is not valid JSON"
-    elif param is None and error_type in _NOT_AN_OBJECT:
-        detail = "Request body must be a JSON object"
-    message = f"{param}: {detail}" if param else detail
-    return APIError(422, message, param=param)
-
-
-def as_api_error(error: Exception, request_id: str) -> APIError:
-    """Any failure of a request as the client-facing error; what is not a known failure is a bug.
-
-    Used where an exception is answered outside FastAPI's handlers (a stream already started, the
-    gRPC API). Bugs are logged here with their stack trace and become a 500 quoting the request id.
-    """
-    if isinstance(error, APIError):
-        return error
-    if isinstance(error, EngineError):
-        return from_engine_error(error)
-    if isinstance(error, PEConfigError):
-        return from_pe_config_error(error)
-    if isinstance(error, ValidationError):
-        return from_validation_errors(error.errors())
-    logger.exception("request failed", extra={"request_id": request_id})
-    return internal_error(request_id)
-
-
-def from_http_exception(error: StarletteHTTPException) -> APIError:
+def from_http_exception(error: StarletteHTTPException) -> RequestError:
     """Routing errors (404, 405) keep their status; a body FastAPI could not decode is invalid input.
 
     FastAPI turns a JSON syntax error into a validation error but bytes that are not UTF-8 into a
     bare 400 whose cause is the UnicodeDecodeError; both are the same mistake to a client.
     """
     if isinstance(error.__cause__, UnicodeDecodeError):
-        return APIError(422, f"Request body is not valid JSON: not UTF-8 ({error.__cause__.reason})")
-    headers = dict(error.headers or {})
-    return APIError(error.status_code, str(error.detail), headers=headers)
+        reason = error.__cause__.reason
+        return RequestError(ErrorKind.INVALID, f"Request body is not valid JSON: not UTF-8 ({reason})")
+    return RequestError(_KIND_OF_STATUS.get(error.status_code, ErrorKind.BAD_REQUEST), str(error.detail))
 
 
-def _responding_with(convert: Callable[[Any], APIError]) -> Callable[[Request, Exception], Any]:
+def _responding_with(convert: Callable[[Any], RequestError]) -> Callable[[Request, Exception], Any]:
     async def handle(request: Request, exc: Exception) -> JSONResponse:
-        return error_response(convert(exc), openai=is_openai_path(request.url.path))
+        response = error_response(convert(exc), openai=is_openai_path(request.url.path))
+        if isinstance(exc, StarletteHTTPException):  # 405's Allow, say
+            response.headers.update(exc.headers or {})
+        return response
 
     return handle
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Register the translators above; unexpected exceptions are handled by the request middleware."""
-    converters: Mapping[type[Exception], Callable[[Any], APIError]] = {
-        APIError: lambda exc: exc,
+
+    def known(exc: Exception) -> RequestError:
+        return as_request_error(exc, request_id="")
+
+    converters: Mapping[type[Exception], Callable[[Any], RequestError]] = {
+        RequestError: known,
         RequestValidationError: lambda exc: from_validation_errors(exc.errors()),
-        EngineError: from_engine_error,
-        PEConfigError: from_pe_config_error,
+        EngineError: known,
+        PEConfigError: known,
         StarletteHTTPException: from_http_exception,
     }
     for exc_class, convert in converters.items():

@@ -10,34 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from starlette.types import Receive
 
-from service.api.metrics import ServiceMetrics
-from service.engine.types import EngineEvent, GenerationResult, RequestHandle, ScoreResult, TokenEvent
+from service.engine.types import EngineEvent, GenerationResult, RequestHandle, ScoreResult
 
 ResultT = TypeVar("ResultT", GenerationResult, ScoreResult)
 
 
 class ClientDisconnectedError(Exception):
     """The client closed the connection before the result was ready; nobody is left to answer."""
-
-
-class FirstTokenTimer:
-    """Observes time-to-first-token once per request, whichever path delivers the first token."""
-
-    def __init__(self, metrics: ServiceMetrics, started_at: float) -> None:
-        self._metrics = metrics
-        self._started_at = started_at
-        self._seen = False
-
-    def __call__(self, event: EngineEvent) -> None:
-        if not self._seen and isinstance(event, TokenEvent):
-            self._seen = True
-            self._metrics.time_to_first_token.observe(time.perf_counter() - self._started_at)
 
 
 async def wait_for_disconnect(receive: Receive) -> None:

@@ -12,8 +12,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from pe_runtime import SCALING_TYPES, PECache, RopeScaling, alibi_bias, rope_inv_freq, rope_seq_len_key
-from service.api.errors import SCALING_FIELD, APIError
+from pe_runtime import PECache, RopeScaling, alibi_bias, rope_inv_freq, rope_seq_len_key
 from service.api.schemas.inspect import (
     MAX_CELLS,
     AlibiInspection,
@@ -23,6 +22,8 @@ from service.api.schemas.inspect import (
     SinusoidalInspection,
     T5Inspection,
 )
+from service.model.positional import check_supported_scaling
+from service.requests.errors import ErrorKind, RequestError
 
 _DEVICE = "cpu"
 _CACHE = PECache(16 << 20, length_dependent_budget_bytes_per_device=4 << 20, registry=None)
@@ -31,15 +32,14 @@ Table = RopeInspection | AlibiInspection | T5Inspection | SinusoidalInspection
 
 
 def inspect_tables(body: InspectRequest) -> InspectResponse:
-    """The tables of `body.pe` under `body.pe_scaling`; raises APIError / PEConfigError (422)."""
+    """The tables of `body.pe` under `body.pe_scaling`; raises RequestError / PEConfigError (422)."""
     inspector = _INSPECTORS.get(body.pe)
     if inspector is None:
         schemes = ", ".join(_INSPECTORS)
         message = f"Scheme {body.pe!r} has no table pe_runtime computes (its positions are weights or none); "
-        raise APIError(422, message + f"inspectable: {schemes}.", param="pe")
-    build, supported = inspector
-    scaling = _scaling(body, supported)
-    attention_factor, table = build(body, scaling)
+        raise RequestError(ErrorKind.INVALID, message + f"inspectable: {schemes}.", param="pe")
+    scaling = _scaling(body)
+    attention_factor, table = inspector(body, scaling)
     return InspectResponse.model_validate(
         {
             "pe": body.pe,
@@ -51,14 +51,11 @@ def inspect_tables(body: InspectRequest) -> InspectResponse:
     )
 
 
-def _scaling(body: InspectRequest, supported: tuple[str, ...]) -> RopeScaling | None:
+def _scaling(body: InspectRequest) -> RopeScaling | None:
     requested = body.pe_scaling
     if requested is None:
         return None
-    if requested.type not in supported:
-        choices = ", ".join(supported)
-        message = f"Scaling {requested.type!r} does not apply to {body.pe!r}; supported: {choices}."
-        raise APIError(422, message, param=f"{SCALING_FIELD}.type")
+    check_supported_scaling(body.pe, requested.type)  # PEConfigError naming pe_scaling.type
     return RopeScaling.from_hf(requested.to_hf(), max_position_embeddings=body.native_context)
 
 
@@ -66,7 +63,7 @@ def _check_cells(cells: int, what: str) -> None:
     """422 naming `length` when the answer's tables would hold more than MAX_CELLS numbers."""
     if cells > MAX_CELLS:
         message = f"length: the {what} would hold {cells} numbers, over the limit of {MAX_CELLS}."
-        raise APIError(422, message, param="length")
+        raise RequestError(ErrorKind.INVALID, message, param="length")
 
 
 def _rope(body: InspectRequest, scaling: RopeScaling | None) -> tuple[float, Table]:
@@ -139,9 +136,9 @@ Builder = Callable[[InspectRequest, RopeScaling | None], tuple[float, Table]]
 
 # Per scheme: its tables, and the scalings they take: RoPE's frequencies every type, the
 # sinusoidal table a linear stretch of its positions, the relative biases none.
-_INSPECTORS: Mapping[str, tuple[Builder, tuple[str, ...]]] = {
-    "rope": (_rope, SCALING_TYPES),
-    "sinusoidal": (_sinusoidal, ("none", "linear")),
-    "alibi": (_alibi, ("none",)),
-    "t5_bias": (_t5, ("none",)),
+_INSPECTORS: Mapping[str, Builder] = {
+    "rope": _rope,
+    "sinusoidal": _sinusoidal,
+    "alibi": _alibi,
+    "t5_bias": _t5,
 }

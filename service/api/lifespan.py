@@ -19,9 +19,9 @@ from typing import Protocol
 
 from fastapi import FastAPI
 
-from service.api.state import Phase, ServiceState
 from service.engine.errors import ModelLoadError
-from service.engine.types import Engine, ScoreRequest, ScoreResult
+from service.engine.types import Engine, ScoreResult, ScoringRequest
+from service.requests.state import Phase, ServiceState
 from service.startup_heap import freeze_startup_objects
 
 logger = logging.getLogger("service.api.lifespan")
@@ -45,7 +45,9 @@ async def warm_up(engine: Engine) -> None:
     """One short scoring pass per model: weights paged in, kernels chosen, default PE tables built."""
     for info in engine.models():
         tokens = tuple(engine.encode(info.name, _WARMUP_TEXT))
-        handle = engine.submit(ScoreRequest(request_id=f"warmup-{info.name}", model=info.name, tokens=tokens))
+        handle = engine.submit(
+            ScoringRequest(request_id=f"warmup-{info.name}", model=info.name, tokens=tokens)
+        )
         async for event in handle:
             if isinstance(event, ScoreResult):
                 break

@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from service.api.logs import logging_config
 from service.engine.types import Engine
+from service.logs import logging_config
 from service.settings import Settings
 
 ZOO_DIR = Path(__file__).resolve().parents[2] / "models"

@@ -6,9 +6,7 @@ and a client disconnect still reaches the route (which cancels the generation).
 
 from __future__ import annotations
 
-import hmac
 import logging
-import re
 import time
 import uuid
 from collections.abc import Collection
@@ -16,28 +14,18 @@ from collections.abc import Collection
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.errors import APIError, error_response, internal_error, is_openai_path
-from service.api.logs import request_id_var
-from service.api.metrics import ServiceMetrics
+from service.api.errors import error_response, is_openai_path
+from service.logs import request_id_var
+from service.requests.auth import CLIENT_REQUEST_ID, bearer_authorized
+from service.requests.errors import ErrorKind, RequestError, internal_error
+from service.requests.metrics import ServiceMetrics
 
 logger = logging.getLogger("service.api.access")
 
 REQUEST_ID_HEADER = "X-Request-ID"
-CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 UNKNOWN_ENDPOINT = "other"
 # Polled every few seconds by orchestrators and scrapers: logged at debug level unless they fail.
 _PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-
-
-def bearer_authorized(authorization: str, keys: Collection[bytes]) -> bool:
-    """Whether an `Authorization` value is `Bearer <one of keys>`, compared in constant time."""
-    scheme, _, offered = authorization.partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    candidate = offered.strip().encode()
-    # Compare against every key, without short-circuit, so timing reveals nothing.
-    matches = [hmac.compare_digest(candidate, key) for key in keys]
-    return any(matches)
 
 
 def _request_id(headers: Headers) -> str:
@@ -112,9 +100,7 @@ class ApiKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in self.open_paths and not self._authorized(scope):
-            error = APIError(
-                401, "Missing or invalid API key.", headers={"WWW-Authenticate": 'Bearer realm="pe-serve"'}
-            )
+            error = RequestError(ErrorKind.UNAUTHENTICATED, "Missing or invalid API key.")
             await error_response(error, openai=is_openai_path(scope["path"]))(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -143,7 +129,7 @@ class BodyLimitMiddleware:
         buffered = None if declared_too_large else await self._read(receive)
         if buffered is None:
             message = f"Request body exceeds the limit of {self.max_body_bytes} bytes."
-            error = APIError(413, message, headers={"Connection": "close"})
+            error = RequestError(ErrorKind.TOO_LARGE, message)
             await error_response(error, openai=is_openai_path(scope["path"]))(scope, receive, send)
             return
         pending = [buffered]

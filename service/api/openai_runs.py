@@ -9,36 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from pe_runtime import RopeScaling
-from service.api.convert import finish_reason
-from service.api.inputs import scaling_for
-from service.api.schemas.openai import OpenAIFinishReason, OpenAIRequest, OpenAIUsage
-from service.engine.types import (
-    Engine,
-    GenerationRequest,
-    GenerationResult,
-    ModelInfo,
-    RequestHandle,
-    ScoreRequest,
-)
+from service.api.schemas.openai import OpenAIFinishReason, OpenAIUsage
+from service.engine.types import Engine, GenerationRequest, GenerationResult, RequestHandle, ScoringRequest
+from service.requests.convert import finish_reason
 
 
-@dataclass(frozen=True)
-class Target:
-    """The model and scaling an OpenAI request runs with."""
-
-    model: ModelInfo
-    scaling: RopeScaling | None
-
-
-def resolve_target(engine: Engine, body: OpenAIRequest) -> Target:
-    model = engine.resolve_model(body.model, body.pe)
-    return Target(model=model, scaling=scaling_for(model, body.pe_scaling))
-
-
-def submit_all(engine: Engine, jobs: Sequence[GenerationRequest | ScoreRequest]) -> list[RequestHandle]:
+def submit_all(engine: Engine, jobs: Sequence[GenerationRequest | ScoringRequest]) -> list[RequestHandle]:
     """Queue every job, or none: a refused submission cancels the jobs queued before it."""
     handles: list[RequestHandle] = []
     try:

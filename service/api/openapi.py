@@ -8,8 +8,8 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from service.api.schemas.openai import ChatCompletionChunk, OpenAIErrorResponse
-from service.api.schemas.responses import ErrorResponse, StreamEnd, StreamToken
-from service.api.schemas.scaling import SCALING_EXAMPLES
+from service.requests.responses import ErrorResponse, StreamEnd, StreamToken
+from service.requests.scaling import SCALING_EXAMPLES
 
 _DESCRIPTIONS = {
     401: "Missing or wrong API key (when one is configured).",

@@ -16,10 +16,18 @@ from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from service.api.convert import TokenText, finish_reason, pe_block, timing_block, top_logprob_entries, usage
-from service.api.errors import as_api_error, error_payload
-from service.api.schemas.responses import StreamEnd, StreamToken
+from service.api.errors import error_payload
 from service.engine.types import EngineEvent, GenerationResult, RequestHandle, TokenEvent
+from service.requests.convert import (
+    TokenText,
+    finish_reason,
+    pe_block,
+    timing_block,
+    top_logprob_entries,
+    usage,
+)
+from service.requests.errors import as_request_error
+from service.requests.responses import StreamEnd, StreamToken
 
 DONE = b"data: [DONE]\n\n"
 
@@ -67,8 +75,8 @@ async def generation_events(
 
 
 def failure_event(error: Exception, request_id: str, *, openai: bool = False) -> bytes:
-    """The error event for a stream that failed; only unexpected exceptions are logged (as_api_error)."""
-    return sse_event(error_payload(as_api_error(error, request_id), openai=openai))
+    """The error event for a stream that failed; only unexpected exceptions are logged (as_request_error)."""
+    return sse_event(error_payload(as_request_error(error, request_id), openai=openai))
 
 
 class EventStreamResponse(StreamingResponse):

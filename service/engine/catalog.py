@@ -10,21 +10,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pe_runtime import RopeScaling
-from service.engine.errors import InvalidRequestError, ModelNotFoundError
+from pe_runtime import PEConfigError, RopeScaling
+from service.engine.errors import ContextLengthError, InvalidRequestError, ModelNotFoundError
 from service.engine.models import ModelSpec
 from service.engine.types import (
     MAX_PENALTY,
     MAX_STOP_TOKEN_IDS,
     MAX_TOP_LOGPROBS,
+    SCALING_FIELD,
     GenerationRequest,
     ModelInfo,
     PEInfo,
     SamplingParams,
-    ScoreRequest,
+    ScoringRequest,
     TokenizerInfo,
 )
 from service.model.config import SCHEMES
+from service.model.positional import check_supported_scaling
+
+# The first token has no prefix, so at least two are needed for one prediction to score.
+MIN_SCORED_TOKENS = 2
 
 
 class ModelCatalog:
@@ -63,7 +68,16 @@ class ModelCatalog:
         raise ModelNotFoundError(f"no loaded model uses the {scheme!r} scheme", param="pe")
 
     def resolve_pe(self, model: str, scaling: RopeScaling | None, total_length: int) -> PEInfo:
-        return self.spec(model).resolve_pe(scaling, total_length)
+        spec = self.spec(model)
+        if scaling is not None:
+            check_scaling_supported(spec.info, scaling.type)
+        if total_length > spec.info.max_context:
+            raise ContextLengthError(
+                f"prompt plus max_new_tokens is {total_length} tokens, over the max_context of "
+                f"{spec.name!r} ({spec.info.max_context})",
+                param="max_new_tokens",
+            )
+        return spec.resolve_pe(scaling, total_length)
 
     def encode(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return self.spec(model).encode(text, add_special_tokens=add_special_tokens)
@@ -74,37 +88,73 @@ class ModelCatalog:
     def decode(self, model: str, tokens: list[int]) -> str:
         return self.spec(model).tokenizer.decode(tokens)
 
-    def validate(self, request: GenerationRequest | ScoreRequest) -> PEInfo:
+    def validate(self, request: GenerationRequest | ScoringRequest) -> PEInfo:
         """Everything a request must satisfy to run; raises the EngineError that names the field."""
-        spec = self.spec(request.model)
-        generating = isinstance(request, GenerationRequest)
-        tokens = request.prompt_tokens if isinstance(request, GenerationRequest) else request.tokens
-        _check_tokens(spec, tokens, minimum=1 if generating else 2)
+        info = self.spec(request.model).info
         if isinstance(request, GenerationRequest):
+            tokens, minimum, new_tokens = request.prompt_tokens, 1, request.sampling.max_new_tokens
             _check_sampling(request.sampling)
-            _check_tokens(spec, request.sampling.stop_token_ids, minimum=0, field="stop_token_ids")
-        elif not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(
-                f"top_logprobs is out of range: {request.top_logprobs!r}", param="top_logprobs"
-            )
-        new_tokens = request.sampling.max_new_tokens if isinstance(request, GenerationRequest) else 0
-        return spec.resolve_pe(request.scaling, len(tokens) + new_tokens)
+            check_tokens(info, request.sampling.stop_token_ids, field="stop_token_ids", minimum=0)
+        else:
+            tokens, minimum, new_tokens = request.tokens, MIN_SCORED_TOKENS, 0
+            if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
+                raise InvalidRequestError(
+                    f"top_logprobs is out of range: {request.top_logprobs!r}", param="top_logprobs"
+                )
+        check_tokens(info, tokens, field="tokens", minimum=minimum)
+        return self.resolve_pe(request.model, request.scaling, len(tokens) + new_tokens)
 
 
-def _check_tokens(spec: ModelSpec, tokens: Sequence[int], *, minimum: int, field: str = "tokens") -> None:
+def check_scaling_supported(info: ModelInfo, scaling_type: str) -> None:
+    """A scaling the model's scheme cannot apply is refused, never ignored (`pe_scaling.type`)."""
+    try:
+        check_supported_scaling(info.scheme, scaling_type)
+    except PEConfigError as error:
+        raise InvalidRequestError(
+            f"model {info.name!r}: {error.message}", param=SCALING_FIELD + ".type"
+        ) from None
+
+
+def check_tokens(info: ModelInfo, tokens: Sequence[int], *, field: str, minimum: int) -> None:
+    """At least `minimum` tokens, each inside the model's vocabulary (named `field.index`)."""
     if len(tokens) < minimum:
-        raise InvalidRequestError(f"at least {minimum} token(s) are needed, got {len(tokens)}", param=field)
-    vocab = spec.info.vocab_size
+        raise InvalidRequestError(
+            f"{field} must have at least {minimum} tokens, got {len(tokens)}.", param=field
+        )
     for index, token in enumerate(tokens):
-        if not 0 <= token < vocab:
-            raise InvalidRequestError(
-                f"token {token} is outside the vocabulary of {spec.name!r} (0..{vocab - 1})",
-                param=f"{field}.{index}",
-            )
+        if not 0 <= token < info.vocab_size:
+            vocabulary = f"0..{info.vocab_size - 1}"
+            message = f"{field}.{index}: id {token} is outside the vocabulary of {info.name} ({vocabulary})."
+            raise InvalidRequestError(message, param=f"{field}.{index}")
+
+
+def check_room(
+    info: ModelInfo,
+    input_length: int,
+    *,
+    field: str,
+    new_tokens: int,
+    new_tokens_field: str = "max_new_tokens",
+) -> None:
+    """The input alone, and the tokens asked for alone, must fit the model's max_context.
+
+    The input over the context is the input's fault (named `field`), not the new tokens' (which
+    /score has not even got); both together over it is `resolve_pe`'s check, at submission.
+    """
+    room = info.max_context - (1 if new_tokens else 0)
+    if input_length > room:
+        needs = ", which must also hold at least one generated token" if new_tokens else ""
+        message = f"{field} is {input_length} tokens; the max_context of {info.name} is {info.max_context}"
+        raise InvalidRequestError(f"{message}{needs}.", param=field)
+    if new_tokens > info.max_context:
+        limit = f"the max_context of {info.name} ({info.max_context})"
+        raise InvalidRequestError(
+            f"{new_tokens_field} ({new_tokens}) exceeds {limit}.", param=new_tokens_field
+        )
 
 
 def _check_sampling(params: SamplingParams) -> None:
-    """Ranges the sampler relies on (the HTTP layer checks them too; other callers may not)."""
+    """Ranges the sampler relies on (the request schemas declare them too; other callers may not)."""
     problems = {
         "max_new_tokens": params.max_new_tokens < 1,
         "temperature": not params.temperature >= 0.0,

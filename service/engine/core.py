@@ -33,7 +33,7 @@ from service.engine.models import ServedModel
 from service.engine.sampler import sample_rows
 from service.engine.scoring import ChunkedScorer
 from service.engine.sequence import RunningSequence
-from service.engine.types import GenerationRequest, PEInfo, ScoreRequest, ScoreResult, Timing
+from service.engine.types import GenerationRequest, PEInfo, ScoreResult, ScoringRequest, Timing
 from service.model.decode_step import unsupported_by_fast_step
 from service.model.fast_decode import DEFAULT_MAX_WINDOW, FastDecoder
 from service.model.paged_cache import PagedKVCache
@@ -62,7 +62,7 @@ class Job:
     """A validated request on its way to the core; `pe` is what the response reports."""
 
     key: int  # unique per front-end, unlike request ids, which callers choose
-    request: GenerationRequest | ScoreRequest
+    request: GenerationRequest | ScoringRequest
     pe: PEInfo
     submitted_at: float
 
@@ -81,7 +81,7 @@ class StepOutput:
 @dataclass
 class _ScoreJob:
     job: Job
-    request: ScoreRequest
+    request: ScoringRequest
     scorer: ChunkedScorer
     started_at: float
 
@@ -115,7 +115,7 @@ class EngineCore:
 
     def add(self, job: Job) -> None:
         """Queue a generation for a batch slot; a scoring job needs none and joins the scoring line."""
-        if isinstance(job.request, ScoreRequest):
+        if isinstance(job.request, ScoringRequest):
             served = self._models[job.request.model]
             scorer = ChunkedScorer(
                 served.model,

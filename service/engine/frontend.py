@@ -24,7 +24,7 @@ from service.engine.types import (
     GenerationRequest,
     ModelInfo,
     PEInfo,
-    ScoreRequest,
+    ScoringRequest,
     TokenizerInfo,
 )
 
@@ -61,7 +61,7 @@ class EngineFrontend(ABC):
     def decode(self, model: str, tokens: list[int]) -> str:
         return self.catalog.decode(model, tokens)
 
-    def submit(self, request: GenerationRequest | ScoreRequest) -> EngineHandle:
+    def submit(self, request: GenerationRequest | ScoringRequest) -> EngineHandle:
         """Validate and queue; errors are raised here, before anything is queued."""
         pe = self.catalog.validate(request)
         key = next(self._keys)

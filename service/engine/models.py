@@ -16,7 +16,7 @@ import torch
 
 from pe_runtime import PECache, PEConfigError, RopeScaling, rope_inv_freq, rope_seq_len_key
 from service.engine.errors import ContextLengthError, InvalidRequestError
-from service.engine.types import ModelInfo, PEInfo, TokenizerInfo
+from service.engine.types import SCALING_FIELD, ModelInfo, PEInfo, TokenizerInfo
 from service.model.checkpoint import is_checkpoint, load_checkpoint, read_config
 from service.model.config import ModelConfig
 from service.model.gguf_file import gguf_path, model_name, read_gguf
@@ -24,8 +24,6 @@ from service.model.hf import build_hf_model, is_hf_checkpoint, load_hf_checkpoin
 from service.model.positional import SUPPORTED_SCALINGS, default_scaling
 from service.model.transformer import Transformer
 from service.tokenizers import ByteTokenizer, HFTokenizer, TextTokenizer, hf_tokenizer_info
-
-SCALING_PARAM = "pe_scaling"
 
 
 @dataclass(frozen=True)
@@ -45,21 +43,13 @@ class ModelSpec:
         return scaling if scaling is not None else self.default_scaling
 
     def resolve_pe(self, scaling: RopeScaling | None, total_length: int) -> PEInfo:
-        """Validate `scaling` for this model at `total_length` tokens (prompt + new tokens)."""
+        """What `scaling` resolves to at `total_length` tokens (prompt + new tokens), or why it cannot.
+
+        The catalog has checked the scheme and the context first; what is left depends on the
+        model's tables (learned positions) and the scaling's own parameters.
+        """
         config = self.config
         effective = self.effective_scaling(scaling)
-        if effective.type not in self.info.supported_scalings:
-            raise InvalidRequestError(
-                f"scaling {effective.type!r} is not supported by the {config.pe!r} scheme of model "
-                f"{self.name!r} (supported: {', '.join(self.info.supported_scalings)})",
-                param=f"{SCALING_PARAM}.type",
-            )
-        if total_length > self.info.max_context:
-            raise ContextLengthError(
-                f"prompt plus max_new_tokens is {total_length} tokens, over the max_context of "
-                f"{self.name!r} ({self.info.max_context})",
-                param="max_new_tokens",
-            )
         if config.pe == "learned":
             self._check_learned_table(effective, total_length)
         return PEInfo(
@@ -83,7 +73,7 @@ class ModelSpec:
                 f"{self.name!r} has learned positions for {int(native * factor)} tokens"
                 f"{' at this factor' if factor > 1.0 else ''}; {total_length} need "
                 f"pe_scaling {{'type': 'linear', 'factor': >= {needed:.3g}}}",
-                param=f"{SCALING_PARAM}.factor" if factor > 1.0 else SCALING_PARAM,
+                param=f"{SCALING_FIELD}.factor" if factor > 1.0 else SCALING_FIELD,
             )
 
     def _attention_factor(self, scaling: RopeScaling, total_length: int) -> float:
@@ -95,7 +85,7 @@ class ModelSpec:
                 config.rotary_dim, config.rope_base, scaling, rope_seq_len_key(scaling, total_length)
             )
         except PEConfigError as error:
-            raise InvalidRequestError(error.message, param=f"{SCALING_PARAM}.{error.field}") from error
+            raise InvalidRequestError(error.message, param=f"{SCALING_FIELD}.{error.field}") from error
 
 
 @functools.lru_cache(maxsize=1024)

@@ -15,6 +15,11 @@ from pe_runtime import RopeScaling
 from service.model.config import Scheme as Scheme  # the scheme names belong to the contract too
 
 FinishReason = Literal["length", "stop", "eos", "cancelled", "error"]
+# The reasons a client reads; the other two end a request with an error instead of an answer.
+ClientFinishReason = Literal["length", "stop", "eos"]
+
+# The request field that carries the scaling, named in every error about it.
+SCALING_FIELD = "pe_scaling"
 
 
 # Bounds of the sampling controls, shared by the engine's own checks and the API's schemas.
@@ -71,7 +76,7 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
-class ScoreRequest:
+class ScoringRequest:
     """A scoring job: log-probability of every token given its prefix (one prefill, no decode).
 
     `top_logprobs` > 0 also reports that many most likely tokens at every position.
@@ -233,7 +238,7 @@ class Engine(Protocol):
 
     def decode(self, model: str, tokens: list[int]) -> str: ...
 
-    def submit(self, request: GenerationRequest | ScoreRequest) -> RequestHandle:
+    def submit(self, request: GenerationRequest | ScoringRequest) -> RequestHandle:
         """Queue a request; raises QueueFullError / EngineDrainingError / InvalidRequestError at once."""
         ...
 

@@ -1,8 +1,8 @@
-"""Protobuf messages <-> the JSON-shaped values the HTTP layer validates and answers with.
+"""Protobuf messages <-> the JSON-shaped values the request core validates and answers with.
 
-A gRPC request is parsed here and turned into the very dict a JSON body would be, so that the HTTP
-schemas (`service.api.schemas`) validate both protocols with the same bounds and name the same
-fields. Only what the wire format itself can get wrong is checked here: bytes that do not parse,
+A gRPC request is parsed here and turned into the very dict a JSON body would be, so that the
+request schemas (`service.requests.bodies`) validate both protocols with the same bounds and name
+the same fields. Only what the wire format itself can get wrong is checked here: bytes that do not parse,
 and fields the schema does not know (an unknown number, or a known one sent with another wire
 type, which protobuf keeps aside as unknown rather than failing).
 
@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from service.api.errors import APIError
 from service.grpc_api import pe_serve_pb2 as pb
+from service.requests.errors import ErrorKind, RequestError
 
 MessageT = TypeVar("MessageT", bound=Message)
 
@@ -31,8 +31,8 @@ def parse_request(message_type: type[MessageT], data: bytes) -> MessageT:
     try:
         message = message_type.FromString(data)
     except DecodeError as error:
-        raise APIError(
-            422, f"The request is not a valid {message_type.DESCRIPTOR.full_name}: {error}"
+        raise RequestError(
+            ErrorKind.INVALID, f"The request is not a valid {message_type.DESCRIPTOR.full_name}: {error}"
         ) from None
     _reject_unknown_fields(message, path="")
     return message
@@ -85,7 +85,7 @@ def _reject_unknown_fields(message: Message, *, path: str) -> None:
         else:
             name, problem = str(number), "unknown field number"
         param = f"{path}{name}"
-        raise APIError(422, f"{param}: {problem} (field {number}).", param=param)
+        raise RequestError(ErrorKind.INVALID, f"{param}: {problem} (field {number}).", param=param)
     for descriptor, value in message.ListFields():
         if isinstance(value, Message):
             # The oneof level has no name in JSON: `pe_scaling.factor`, not `pe_scaling.yarn.factor`.

@@ -1,12 +1,15 @@
-"""Engine results -> protobuf responses, through the HTTP layer's response models.
+"""Engine results -> protobuf responses, through the request core's response models.
 
-Going through `service.api.convert` keeps one definition of every derived value (finish reason,
+Going through `service.requests.convert` keeps one definition of every derived value (finish reason,
 perplexity, the resolved `pe` block), so the two protocols cannot disagree about them.
 """
 
 from __future__ import annotations
 
-from service.api.convert import (
+from service.engine.types import GenerationResult, ModelInfo, PEInfo, ScoreResult, TokenEvent
+from service.grpc_api import pe_serve_pb2 as pb
+from service.grpc_api.codec import scaling_message
+from service.requests.convert import (
     TokenText,
     finish_reason,
     model_card,
@@ -16,9 +19,6 @@ from service.api.convert import (
     top_logprob_entries,
     usage,
 )
-from service.engine.types import GenerationResult, ModelInfo, PEInfo, ScoreResult, TokenEvent
-from service.grpc_api import pe_serve_pb2 as pb
-from service.grpc_api.codec import scaling_message
 
 
 def token_chunk(event: TokenEvent, text: TokenText) -> pb.GenerateResponse:

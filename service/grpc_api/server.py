@@ -22,10 +22,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from service.api.metrics import ServiceMetrics
-from service.api.state import Phase, ServiceState
 from service.grpc_api import pe_serve_pb2 as pb
 from service.grpc_api.servicer import SERVICE_NAME, PEServeServicer
+from service.requests.metrics import ServiceMetrics
+from service.requests.state import Phase, ServiceState
 
 logger = logging.getLogger("service.grpc")
 

@@ -1,7 +1,7 @@
 """The `pe_serve.v1.PEServe` methods, over the same `ServiceState` (engine, phase) as the HTTP routes.
 
 Each request is validated exactly as its JSON twin: the message becomes the JSON body's dict and
-goes through the HTTP schemas and `prepare_input`, so a bad field is reported by the same code
+goes through the request core's schemas and `prepare_input`, so a bad field is reported by the same code
 with the same name. Every method runs inside `_rpc`, the one place that checks the API key, turns
 failures into status codes with trailing metadata, and records the request's metrics and log line.
 
@@ -17,41 +17,32 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Collection
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import grpc
 
-from service.api.convert import token_text
-from service.api.errors import APIError, as_api_error
-from service.api.handles import FirstTokenTimer
-from service.api.inputs import prepare_input
-from service.api.logs import request_id_var
-from service.api.metrics import ServiceMetrics
-from service.api.middleware import CLIENT_REQUEST_ID, bearer_authorized
-from service.api.routes.score import MIN_SCORED_TOKENS
-from service.api.schemas.requests import GenerateRequest, ScoreRequest
-from service.api.state import ServiceState
-from service.engine.types import (
-    Engine,
-    GenerationRequest,
-    GenerationResult,
-    RequestHandle,
-    ScoreResult,
-    TokenEvent,
-)
-from service.engine.types import ScoreRequest as EngineScoreRequest
+from service.engine.catalog import MIN_SCORED_TOKENS
+from service.engine.types import GenerationResult, ScoreResult, TokenEvent
 from service.grpc_api import pe_serve_pb2 as pb
 from service.grpc_api.codec import parse_request, request_fields
 from service.grpc_api.responses import generate_end, models_message, score_message, token_chunk
-from service.grpc_api.status import CANCELLED_STATUS, REQUEST_ID_KEY, status_code, trailing_metadata
+from service.grpc_api.status import REQUEST_ID_KEY, status_code, trailing_metadata
+from service.logs import request_id_var
+from service.requests.auth import CLIENT_REQUEST_ID, bearer_authorized
+from service.requests.bodies import GenerateRequest, ScoreRequest
+from service.requests.build import generate_job, scoring_request
+from service.requests.convert import token_text
+from service.requests.errors import ErrorKind, RequestError, as_request_error
+from service.requests.metrics import ServiceMetrics
+from service.requests.prepare import prepare_input
+from service.requests.running import REQUEST_ID_FIELD, FirstTokenTimer, RunningRequests
+from service.requests.state import ServiceState
 
 logger = logging.getLogger("service.grpc.access")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["PEServe"].full_name
-_REQUEST_ID_FIELD = "request_id"
 # A cancellation this close to the deadline is the deadline. The server's deadline starts when it
 # reads the call, later than the client's by however long the request waited to be read; the
 # client cancels at its own deadline, so on a busy host the cancel arrives before the server's.
@@ -71,13 +62,6 @@ class _Call:
     code: grpc.StatusCode = grpc.StatusCode.OK
 
 
-@dataclass
-class _Running:
-    handle: RequestHandle
-    finished: bool = False
-    aborted: bool = False
-
-
 class PEServeServicer:
     """The four methods; handlers take the raw request bytes so that parsing errors are ours to name."""
 
@@ -85,7 +69,7 @@ class PEServeServicer:
         self._state = state
         self._metrics = metrics
         self._api_keys = tuple(api_keys)
-        self._running: dict[str, _Running] = {}
+        self._running = RunningRequests()
 
     async def generate(
         self, data: bytes, context: grpc.aio.ServicerContext
@@ -96,16 +80,10 @@ class PEServeServicer:
             body = GenerateRequest.model_validate(fields)
             engine = self._state.engine_for_request()
             prepared = prepare_input(engine, body, new_tokens=body.max_new_tokens)
-            job = GenerationRequest(
-                request_id=call.request_id,
-                model=prepared.model.name,
-                prompt_tokens=prepared.tokens,
-                sampling=body.engine_sampling(),
-                scaling=prepared.scaling,
-            )
+            job = generate_job(call.request_id, body, prepared, stream=True)
             first_token = FirstTokenTimer(self._metrics, call.started)
             text = token_text(engine, job.model)
-            async with self._registered(engine, job) as running:
+            with self._running.submitted(engine, job) as running:
                 # Accepted: headers go out now, so a client can tell a queued request from a refused one.
                 await context.send_initial_metadata(((REQUEST_ID_KEY, call.request_id),))
                 async for event in running.handle:
@@ -124,13 +102,8 @@ class PEServeServicer:
             body = ScoreRequest.model_validate(fields)
             engine = self._state.engine_for_request()
             prepared = prepare_input(engine, body, new_tokens=0, min_tokens=MIN_SCORED_TOKENS)
-            job = EngineScoreRequest(
-                request_id=call.request_id,
-                model=prepared.model.name,
-                tokens=prepared.tokens,
-                scaling=prepared.scaling,
-            )
-            async with self._registered(engine, job) as running:
+            job = scoring_request(call.request_id, prepared.target, prepared.tokens)
+            with self._running.submitted(engine, job) as running:
                 async for event in running.handle:
                     if isinstance(event, ScoreResult):
                         running.finished = True
@@ -146,12 +119,7 @@ class PEServeServicer:
         """Stop a running request of any client holding a valid key (request ids are not secrets)."""
         async with self._rpc("Abort", context):
             message = parse_request(pb.AbortRequest, data)
-            running = self._running.get(message.request_id)
-            if running is None:
-                detail = f"No running request has id {message.request_id!r}."
-                raise APIError(404, detail, param=_REQUEST_ID_FIELD, error_type="request_not_found")
-            running.aborted = True
-            running.handle.cancel()
+            self._running.abort(message.request_id)
             return pb.AbortResponse()
 
     def _rpc(self, method: str, context: grpc.aio.ServicerContext) -> _Rpc:
@@ -159,35 +127,13 @@ class PEServeServicer:
 
     def _take_request_id(self, call: _Call, fields: dict[str, Any], *, prefix: str) -> dict[str, Any]:
         """The request's own id (checked like HTTP's `X-Request-ID`) or a fresh one; returns the rest."""
-        offered = fields.pop(_REQUEST_ID_FIELD, None)
+        offered = fields.pop(REQUEST_ID_FIELD, None)
         if offered is not None and not CLIENT_REQUEST_ID.fullmatch(offered):
             message = "request_id: at most 128 letters, digits and '._:-'."
-            raise APIError(422, message, param=_REQUEST_ID_FIELD)
+            raise RequestError(ErrorKind.INVALID, message, param=REQUEST_ID_FIELD)
         call.request_id = offered or f"{prefix}-{uuid.uuid4().hex}"
         request_id_var.set(call.request_id)
         return fields
-
-    @asynccontextmanager
-    async def _registered(
-        self, engine: Engine, job: GenerationRequest | EngineScoreRequest
-    ) -> AsyncIterator[_Running]:
-        """Submit `job` under its id for `Abort`; cancel it unless it finished, however the block ends."""
-        if job.request_id in self._running:
-            raise APIError(409, f"A request with id {job.request_id!r} is running.", param=_REQUEST_ID_FIELD)
-        running = _Running(handle=engine.submit(job))
-        self._running[job.request_id] = running
-        try:
-            yield running
-        except Exception:
-            if running.aborted:
-                raise APIError(
-                    CANCELLED_STATUS, "The request was stopped by Abort.", error_type="request_cancelled"
-                ) from None
-            raise
-        finally:
-            del self._running[job.request_id]
-            if not running.finished:
-                running.handle.cancel()
 
 
 class _Rpc:
@@ -215,7 +161,8 @@ class _Rpc:
     async def __aenter__(self) -> _Call:
         metadata = dict(self._context.invocation_metadata() or ())
         if self._api_keys and not bearer_authorized(str(metadata.get("authorization", "")), self._api_keys):
-            await self.__aexit__(APIError, APIError(401, "Missing or invalid API key."), None)
+            denied = RequestError(ErrorKind.UNAUTHENTICATED, "Missing or invalid API key.")
+            await self.__aexit__(RequestError, denied, None)
         return self.call
 
     async def __aexit__(
@@ -231,7 +178,7 @@ class _Rpc:
                 )
                 call.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
             elif isinstance(exc, Exception):
-                error = as_api_error(exc, call.request_id)
+                error = as_request_error(exc, call.request_id)
                 call.code = status_code(error)
                 metadata = trailing_metadata(error, call.request_id)
                 await self._context.abort(call.code, error.message, trailing_metadata=metadata)

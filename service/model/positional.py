@@ -39,6 +39,17 @@ SUPPORTED_SCALINGS: dict[Scheme, tuple[str, ...]] = {
 }
 
 
+def check_supported_scaling(scheme: Scheme, scaling_type: str) -> None:
+    """Refuse a scaling a scheme cannot apply rather than silently ignoring it (field `type`)."""
+    supported = SUPPORTED_SCALINGS[scheme]
+    if scaling_type not in supported:
+        raise PEConfigError(
+            f"scaling {scaling_type!r} does not apply to the {scheme!r} scheme "
+            f"(supported: {', '.join(supported)})",
+            field="type",
+        )
+
+
 _Key = TypeVar("_Key", bound=Hashable)
 
 
@@ -112,13 +123,7 @@ class PositionalEncoding(nn.Module):
         self._stretched: OrderedDict[float, tuple[Hashable, Tensor]] = OrderedDict()
 
     def check_scaling(self, scaling: RopeScaling) -> None:
-        """Refuse a scaling this scheme cannot apply rather than silently ignoring it."""
-        if scaling.type not in SUPPORTED_SCALINGS[self.config.pe]:
-            raise PEConfigError(
-                f"scaling {scaling.type!r} does not apply to the {self.config.pe!r} scheme "
-                f"(supported: {', '.join(SUPPORTED_SCALINGS[self.config.pe])})",
-                field="type",
-            )
+        check_supported_scaling(self.config.pe, scaling.type)
 
     def forward(
         self,

@@ -28,8 +28,8 @@ from service.engine.types import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
-    ScoreRequest,
     ScoreResult,
+    ScoringRequest,
     TokenEvent,
 )
 from service.model.checkpoint import load_checkpoint, save_checkpoint
@@ -133,7 +133,7 @@ def test_cancelling_frees_the_request_and_leaves_the_others_intact(rope_dir: Pat
 
 def test_a_request_cancelled_while_queued_never_starts(rope_dir: Path) -> None:
     with running_engine([rope_dir], start=False) as engine:
-        handle = engine.submit(ScoreRequest(request_id="s", model=MODEL, tokens=PROMPTS[0]))
+        handle = engine.submit(ScoringRequest(request_id="s", model=MODEL, tokens=PROMPTS[0]))
         handle.cancel()
         engine.start()
         with pytest.raises(RequestCancelledError):
@@ -148,7 +148,7 @@ def test_a_full_queue_refuses_at_once_and_queued_requests_still_run(rope_dir: Pa
             engine.submit(generation(3))
         assert refused.value.retry_after_s >= 1.0
         assert engine.stats().queue_depth == 2
-        scored = engine.submit(ScoreRequest("s", MODEL, PROMPTS[0]))  # scoring needs no batch slot
+        scored = engine.submit(ScoringRequest("s", MODEL, PROMPTS[0]))  # scoring needs no batch slot
         engine.start()
         assert all(len(result_of(handle).tokens) == 3 for handle in queued)
         assert isinstance(list(scored)[-1], ScoreResult)
@@ -170,7 +170,7 @@ def test_non_finite_logits_fail_only_their_request(tmp_path: Path) -> None:
         with pytest.raises(RequestFailedError, match="non-finite"):
             list(poisoned)
         results = [result_of(handle) for handle in healthy]
-        scored = engine.submit(ScoreRequest("bad-score", MODEL, (256, 257, 65)))
+        scored = engine.submit(ScoringRequest("bad-score", MODEL, (256, 257, 65)))
         with pytest.raises(RequestFailedError):
             list(scored)
         assert engine.healthy()
@@ -183,7 +183,7 @@ def test_scoring_is_the_plain_function_and_agrees_with_generation_logprobs(rope_
     with running_engine([rope_dir]) as engine:
         generated = alone(engine, generation(0, SCALINGS["yarn"], max_new_tokens=30))
         tokens = PROMPTS[0] + generated.tokens
-        handle = engine.submit(ScoreRequest("s", MODEL, tokens, scaling=SCALINGS["yarn"]))
+        handle = engine.submit(ScoringRequest("s", MODEL, tokens, scaling=SCALINGS["yarn"]))
         scored = list(handle)[-1]
     model = load_checkpoint(rope_dir, dtype=torch.float32)
     assert isinstance(scored, ScoreResult)
@@ -254,7 +254,7 @@ def test_out_of_range_sampling_is_refused_at_submit(rope_dir: Path, field: str, 
             engine.submit(generation(0, None, MODEL, **{field: value}))
         assert refused.value.param == field
         with pytest.raises(InvalidRequestError) as bad_token:
-            engine.submit(ScoreRequest("s", MODEL, (256, 300)))
+            engine.submit(ScoringRequest("s", MODEL, (256, 300)))
         assert bad_token.value.param == "tokens.1"
 
 

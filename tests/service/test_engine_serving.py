@@ -29,8 +29,8 @@ from service.engine.types import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
-    ScoreRequest,
     ScoreResult,
+    ScoringRequest,
 )
 from service.model.checkpoint import load_checkpoint
 from tests.conftest import TINY_CONFIG, TinyCheckpointFactory, rope_scalings
@@ -127,7 +127,7 @@ def test_every_scheme_reads_padded_prompt_chunks_exactly(
 def test_scoring_in_chunks_equals_one_pass(rope_dir: Path, scaling: str) -> None:
     tokens = tuple(torch.randint(0, 258, (200,), generator=torch.Generator().manual_seed(3)).tolist())
     with engine_over(cpu_models(rope_dir), step_token_budget=16) as engine:
-        final = list(engine.submit(ScoreRequest("s", MODEL, tokens, SCALINGS[scaling])))[-1]
+        final = list(engine.submit(ScoringRequest("s", MODEL, tokens, SCALINGS[scaling])))[-1]
     assert isinstance(final, ScoreResult)
     reference = score_tokens(load_checkpoint(rope_dir, dtype=torch.float32), tokens, SCALINGS[scaling])
     assert final.token_logprobs[0] is None and reference[0] is None
@@ -184,7 +184,7 @@ def test_the_engine_process_generates_and_scores_what_the_in_process_engine_does
     requests = [
         request(i, p, SCALINGS[name]) for i, (p, name) in enumerate(zip(LONG_PROMPTS, MIXED, strict=True))
     ]
-    score = ScoreRequest("s", MODEL, LONG_PROMPTS[3], SCALINGS["yarn"])
+    score = ScoringRequest("s", MODEL, LONG_PROMPTS[3], SCALINGS["yarn"])
     with engine_process(rope_dir, step_token_budget=32) as remote:
         across = outcomes(remote, requests)
         remote_score = list(remote.submit(score))[-1]
@@ -236,11 +236,11 @@ def test_a_long_document_is_scored_between_decode_steps_and_blocks_no_model(
     models = load_models([reader, writer], device="cpu", dtype="float32")
     specs = ModelCatalog([served.spec for served in models])
     core = EngineCore(models, step_token_budget=64)
-    document = ScoreRequest("doc", "reader", tuple(i % 256 for i in range(2000)))
+    document = ScoringRequest("doc", "reader", tuple(i % 256 for i in range(2000)))
     generation = GenerationRequest(
         "gen", "writer", LONG_PROMPTS[0], SamplingParams(max_new_tokens=8, temperature=0.0)
     )
-    jobs: list[GenerationRequest | ScoreRequest] = [document, generation]
+    jobs: list[GenerationRequest | ScoringRequest] = [document, generation]
     for key, job in enumerate(jobs):
         core.add(Job(key, job, specs.validate(job), 0.0))
     finished: list[int] = []

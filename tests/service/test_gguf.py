@@ -26,8 +26,8 @@ from service.engine.types import (  # noqa: E402
     GenerationRequest,
     GenerationResult,
     SamplingParams,
-    ScoreRequest,
     ScoreResult,
+    ScoringRequest,
 )
 from service.model.bundled import bundled_model  # noqa: E402
 from service.model.gguf_file import read_gguf, read_metadata, tokenizer_json  # noqa: E402
@@ -237,7 +237,7 @@ def test_smollm2_scores_512_tokens_like_transformers(smollm2: Any) -> None:
     path, model, tokenizer, engine = smollm2
     tokens = english(512, tokenizer)
     assert len(tokens) == 512
-    result = list(engine.submit(ScoreRequest("smollm2-score", path.stem, tuple(tokens))))[-1]
+    result = list(engine.submit(ScoringRequest("smollm2-score", path.stem, tuple(tokens))))[-1]
     assert isinstance(result, ScoreResult)
     with torch.inference_mode():
         logprobs = torch.log_softmax(model(torch.tensor([tokens])).logits[0], dim=-1)

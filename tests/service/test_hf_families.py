@@ -26,8 +26,8 @@ from service.engine.types import (  # noqa: E402
     GenerationRequest,
     GenerationResult,
     SamplingParams,
-    ScoreRequest,
     ScoreResult,
+    ScoringRequest,
 )
 from service.model.decode_step import unsupported_by_fast_step  # noqa: E402
 from service.model.hf import UnsupportedCheckpointError, hf_config_to_model_config, load_hf_checkpoint  # noqa: E402
@@ -236,7 +236,7 @@ def test_engine_generates_and_scores_like_transformers(tmp_path: Path, case: str
         result = list(engine.submit(request))[-1]
         assert isinstance(result, GenerationResult)
         document = (*prompt, *result.tokens)
-        scored = list(engine.submit(ScoreRequest(f"{case}-score", case, document)))[-1]
+        scored = list(engine.submit(ScoringRequest(f"{case}-score", case, document)))[-1]
         assert isinstance(scored, ScoreResult)
     finally:
         engine.shutdown()

@@ -17,8 +17,8 @@ from service.engine.types import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
-    ScoreRequest,
     ScoreResult,
+    ScoringRequest,
 )
 from service.tokenizers import ByteTokenizer
 from tests.service.test_engine import alone, assert_same_generation, result_of, running_engine
@@ -187,7 +187,7 @@ def test_repetition_penalty_changes_greedy_output_and_never_the_raw_logprobs(
 ) -> None:
     with running_engine([plain_dir]) as engine:
         penalized = alone(engine, greedy(MODEL, repetition_penalty=5.0))
-        scored = engine.submit(ScoreRequest(request_id="s", model=MODEL, tokens=PROMPT + penalized.tokens))
+        scored = engine.submit(ScoringRequest(request_id="s", model=MODEL, tokens=PROMPT + penalized.tokens))
         score = list(scored)[-1]
     assert penalized.tokens != reference.tokens
     assert isinstance(score, ScoreResult) and penalized.logprobs is not None
@@ -197,7 +197,9 @@ def test_repetition_penalty_changes_greedy_output_and_never_the_raw_logprobs(
 def test_top_logprobs_in_generation_and_scoring_agree(plain_dir: Path) -> None:
     with running_engine([plain_dir]) as engine:
         generated = alone(engine, greedy(MODEL, top_logprobs=5, max_new_tokens=4))
-        scoring = ScoreRequest(request_id="s", model=MODEL, tokens=PROMPT + generated.tokens, top_logprobs=5)
+        scoring = ScoringRequest(
+            request_id="s", model=MODEL, tokens=PROMPT + generated.tokens, top_logprobs=5
+        )
         score = list(engine.submit(scoring))[-1]
     assert isinstance(score, ScoreResult)
     assert generated.top_logprobs is not None and score.top_logprobs is not None

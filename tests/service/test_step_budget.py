@@ -32,8 +32,8 @@ from service.engine.types import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
-    ScoreRequest,
     ScoreResult,
+    ScoringRequest,
 )
 from service.model.transformer import Stages, Transformer
 from tests.conftest import TinyCheckpointFactory
@@ -106,7 +106,7 @@ def test_slowdown_zero_is_the_token_budget_alone() -> None:
 
 def tight_and_whole_runs(
     directory: Path,
-    jobs: list[GenerationRequest | ScoreRequest],
+    jobs: list[GenerationRequest | ScoringRequest],
     cancel_at: tuple[int, int] | None = None,
     prepare: Callable[[Transformer], None] | None = None,
 ) -> tuple[dict[int, object], dict[int, object], dict[int, int], dict[int, int]]:
@@ -163,7 +163,7 @@ def assert_same_generations(first: object, second: object) -> None:
 
 
 def test_prompts_spread_over_steps_beside_a_stream_generate_what_one_pass_does(four_layers: Path) -> None:
-    jobs: list[GenerationRequest | ScoreRequest] = [
+    jobs: list[GenerationRequest | ScoringRequest] = [
         generation(0, (256, 1, 2, 3), stream=True),
         *(generation(key, prompt) for key, prompt in enumerate(LONG_PROMPTS, 1)),
     ]
@@ -177,7 +177,7 @@ def test_prompts_spread_over_steps_beside_a_stream_generate_what_one_pass_does(f
 
 
 def test_a_document_spread_over_steps_scores_what_one_pass_does(four_layers: Path) -> None:
-    document = ScoreRequest("doc", "budgeted", tuple((3 * i) % 256 for i in range(150)))
+    document = ScoringRequest("doc", "budgeted", tuple((3 * i) % 256 for i in range(150)))
     tight, whole, _, _ = tight_and_whole_runs(four_layers, [generation(0, (256, 7), stream=True), document])
     spread, reference = tight[1], whole[1]
     assert isinstance(spread, ScoreResult) and isinstance(reference, ScoreResult)
@@ -191,7 +191,7 @@ def test_cancelling_a_row_of_a_spread_chunk_leaves_the_other_rows_exact(four_lay
     """After a short prompt has timed the chunks, two long prompts share spread chunks; one is
     cancelled half-way through a chunk (its blocks go back to the pool), and the other then
     generates exactly what it does alone."""
-    jobs: list[GenerationRequest | ScoreRequest] = [
+    jobs: list[GenerationRequest | ScoringRequest] = [
         generation(0, (256, 1, 2, 3), stream=True),
         generation(1, tuple(range(1, 110))),
         *(generation(key, prompt) for key, prompt in enumerate(LONG_PROMPTS, 2)),
@@ -207,7 +207,7 @@ def test_a_fault_half_way_through_a_spread_chunk_reruns_its_rows_alone_and_they_
 ) -> None:
     """Every chunk two prompts share raises after its first layer, as a kernel failure would: the
     rows are rerun alone from their untouched caches and generate what they do in one pass."""
-    jobs: list[GenerationRequest | ScoreRequest] = [
+    jobs: list[GenerationRequest | ScoringRequest] = [
         generation(0, (256, 1, 2, 3), stream=True),
         generation(1, tuple(range(1, 110))),
         *(generation(key, prompt) for key, prompt in enumerate(LONG_PROMPTS, 2)),

@@ -7,19 +7,21 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 
-from service.api.convert import generate_response, json_response, token_text
 from service.api.deps import EngineDep, MetricsDep, RequestIdDep, StartedAtDep, require_json
-from service.api.handles import ClientDisconnectedError, FirstTokenTimer, final_result
-from service.api.inputs import prepare_input
+from service.api.errors import CLIENT_CLOSED_REQUEST
+from service.api.handles import ClientDisconnectedError, final_result
 from service.api.openapi import INFERENCE_ERRORS, STREAM_EVENT_SCHEMA, scaling_examples
-from service.api.schemas.requests import GenerateRequest
-from service.api.schemas.responses import GenerateResponse
+from service.api.responses import json_response
 from service.api.streaming import EventStreamResponse, generation_events
-from service.engine.types import GenerationRequest, GenerationResult
+from service.engine.types import GenerationResult
+from service.requests.bodies import GenerateRequest
+from service.requests.build import generate_job
+from service.requests.convert import generate_response, token_text
+from service.requests.prepare import prepare_input
+from service.requests.responses import GenerateResponse
+from service.requests.running import FirstTokenTimer
 
 router = APIRouter(tags=["inference"], dependencies=[Depends(require_json)])
-
-CLIENT_CLOSED_REQUEST = 499
 
 _EXAMPLE_REQUEST: dict[str, Any] = {
     "prompt": "def fib(n):",
@@ -61,14 +63,7 @@ async def generate(
     """Generate from `prompt` or `tokens` on the model picked by `model` / `pe`, scaled by `pe_scaling`."""
     prepared = prepare_input(engine, body, new_tokens=body.max_new_tokens)
     response_id = f"gen-{uuid.uuid4().hex}"
-    job = GenerationRequest(
-        request_id=response_id,
-        model=prepared.model.name,
-        prompt_tokens=prepared.tokens,
-        sampling=body.engine_sampling(),
-        scaling=prepared.scaling,
-        stream=body.stream,
-    )
+    job = generate_job(response_id, body, prepared, stream=body.stream)
     handle = engine.submit(job)
     first_token = FirstTokenTimer(metrics, started_at)
     text = token_text(engine, job.model)

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from service.api.deps import StateDep
 from service.api.openapi import error_responses
-from service.api.schemas.responses import StatusResponse
+from service.requests.responses import StatusResponse
 
 router = APIRouter(tags=["operations"])
 

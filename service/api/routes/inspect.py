@@ -10,10 +10,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Response
 
-from service.api.convert import json_response
 from service.api.deps import require_json
 from service.api.inspection import inspect_tables
 from service.api.openapi import error_responses
+from service.api.responses import json_response
 from service.api.schemas.inspect import InspectRequest, InspectResponse
 
 router = APIRouter(tags=["inspect"], dependencies=[Depends(require_json)])

@@ -7,7 +7,7 @@ import asyncio
 from fastapi import APIRouter, Response
 
 from service.api.deps import MetricsDep
-from service.api.metrics import CONTENT_TYPE
+from service.requests.metrics import CONTENT_TYPE
 
 router = APIRouter(tags=["operations"])
 

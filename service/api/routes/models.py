@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.api.convert import model_card
 from service.api.deps import EngineDep
 from service.api.openapi import error_responses
-from service.api.schemas.responses import ModelsResponse
+from service.requests.convert import model_card
+from service.requests.responses import ModelsResponse
 
 router = APIRouter(tags=["models"])
 

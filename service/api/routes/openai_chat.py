@@ -13,20 +13,12 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import APIRouter, Depends, Request, Response
 
 from service.api.chat_template import render_chat
-from service.api.convert import TokenText, json_response, pe_block, token_text
 from service.api.deps import EngineDep, MetricsDep, RequestIdDep, StartedAtDep, require_json
-from service.api.handles import ClientDisconnectedError, FirstTokenTimer, final_results
-from service.api.inputs import check_lengths
-from service.api.openai_runs import (
-    cancel_all,
-    created_now,
-    openai_finish_reason,
-    openai_usage,
-    resolve_target,
-    submit_all,
-)
+from service.api.errors import CLIENT_CLOSED_REQUEST
+from service.api.handles import ClientDisconnectedError, final_results
+from service.api.openai_runs import cancel_all, created_now, openai_finish_reason, openai_usage, submit_all
 from service.api.openapi import openai_errors, openai_stream
-from service.api.routes.generate import CLIENT_CLOSED_REQUEST
+from service.api.responses import json_response
 from service.api.schemas.openai import (
     AssistantMessage,
     ChatChoice,
@@ -39,16 +31,14 @@ from service.api.schemas.openai import (
     ChatTokenLogprob,
     ChatTopLogprob,
 )
-from service.api.schemas.responses import PEBlock
 from service.api.streaming import DONE, EventStreamResponse, failure_event, merged_events, sse_event
-from service.engine.types import (
-    EngineEvent,
-    GenerationRequest,
-    GenerationResult,
-    RequestHandle,
-    TokenEvent,
-    TopLogprobs,
-)
+from service.engine.catalog import check_room
+from service.engine.types import EngineEvent, GenerationResult, RequestHandle, TokenEvent, TopLogprobs
+from service.requests.build import generation_request
+from service.requests.convert import TokenText, pe_block, token_text
+from service.requests.prepare import resolve_target
+from service.requests.responses import PEBlock
+from service.requests.running import FirstTokenTimer
 
 router = APIRouter(tags=["openai"], dependencies=[Depends(require_json)])
 
@@ -74,22 +64,20 @@ async def chat_completions(
     )
     tokens = tuple(engine.encode(model.name, prompt, add_special_tokens=False))
     max_tokens = body.max_completion_tokens or body.max_tokens or max(model.max_context - len(tokens), 1)
-    check_lengths(model, tokens, field="messages", new_tokens=max_tokens, new_tokens_field="max_tokens")
+    check_room(model, len(tokens), field="messages", new_tokens=max_tokens, new_tokens_field="max_tokens")
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     jobs = [
-        GenerationRequest(
-            request_id=f"{response_id}-{choice}",
-            model=model.name,
-            prompt_tokens=tokens,
-            sampling=body.sampling_params(
-                max_new_tokens=max_tokens,
-                stop=body.stop_strings(),
-                logprobs=body.logprobs,
-                top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
-                seed_offset=choice,
-            ),
-            scaling=target.scaling,
+        generation_request(
+            f"{response_id}-{choice}",
+            target,
+            tokens,
+            body,
+            max_new_tokens=max_tokens,
+            stop=body.stop_strings(),
+            logprobs=body.logprobs,
+            top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
             stream=body.stream,
+            choice=choice,
         )
         for choice in range(body.n)
     ]

@@ -14,21 +14,12 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from service.api.convert import TokenText, json_response, pe_block, token_text
 from service.api.deps import EngineDep, MetricsDep, RequestIdDep, StartedAtDep, require_json
-from service.api.handles import ClientDisconnectedError, FirstTokenTimer, final_results
-from service.api.inputs import check_lengths, input_tokens
-from service.api.openai_runs import (
-    Target,
-    cancel_all,
-    created_now,
-    openai_finish_reason,
-    openai_usage,
-    resolve_target,
-    submit_all,
-)
+from service.api.errors import CLIENT_CLOSED_REQUEST
+from service.api.handles import ClientDisconnectedError, final_results
+from service.api.openai_runs import cancel_all, created_now, openai_finish_reason, openai_usage, submit_all
 from service.api.openapi import openai_errors, openai_stream
-from service.api.routes.generate import CLIENT_CLOSED_REQUEST
+from service.api.responses import json_response
 from service.api.schemas.openai import (
     CompletionChoice,
     CompletionLogprobs,
@@ -37,6 +28,7 @@ from service.api.schemas.openai import (
     OpenAIFinishReason,
 )
 from service.api.streaming import DONE, EventStreamResponse, failure_event, merged_events, sse_event
+from service.engine.catalog import MIN_SCORED_TOKENS, check_room
 from service.engine.types import (
     Engine,
     EngineEvent,
@@ -44,11 +36,15 @@ from service.engine.types import (
     GenerationResult,
     PEInfo,
     RequestHandle,
-    ScoreRequest,
     ScoreResult,
+    ScoringRequest,
     TokenEvent,
     TopLogprobs,
 )
+from service.requests.build import generation_request, scoring_request
+from service.requests.convert import TokenText, pe_block, token_text
+from service.requests.prepare import Target, input_tokens, resolve_target
+from service.requests.running import FirstTokenTimer
 
 router = APIRouter(tags=["openai"], dependencies=[Depends(require_json)])
 
@@ -65,7 +61,7 @@ class _Plan:
 
     prompts: list[_Prompt]
     generations: list[GenerationRequest]  # choice order; empty when max_tokens is 0
-    scores: dict[int, ScoreRequest]  # prompt index -> its score (echo with logprobs)
+    scores: dict[int, ScoringRequest]  # prompt index -> its score (echo with logprobs)
     resolved_pe: PEInfo  # for a request that runs no generation
 
 
@@ -120,40 +116,36 @@ def _plan(engine: Engine, target: Target, body: CompletionRequest, response_id: 
     for index, given in enumerate(body.prompts()):
         field = "prompt" if isinstance(given, str) else f"prompt.{index}"
         tokens = input_tokens(engine, model, given, field=field)
-        check_lengths(
-            model, tokens, field="prompt", new_tokens=body.max_tokens, new_tokens_field="max_tokens"
+        check_room(
+            model, len(tokens), field="prompt", new_tokens=body.max_tokens, new_tokens_field="max_tokens"
         )
         text = given if isinstance(given, str) else engine.decode(model.name, list(tokens))
         prompts.append(_Prompt(tokens=tokens, text=text))
     wants_logprobs = body.logprobs is not None
     generations = [
-        GenerationRequest(
-            request_id=f"{response_id}-{choice}",
-            model=model.name,
-            prompt_tokens=prompt.tokens,
-            sampling=body.sampling_params(
-                max_new_tokens=body.max_tokens,
-                stop=body.stop_strings(),
-                logprobs=wants_logprobs,
-                top_logprobs=body.logprobs or 0,
-                seed_offset=choice % body.n,
-            ),
-            scaling=target.scaling,
+        generation_request(
+            f"{response_id}-{choice}",
+            target,
+            prompt.tokens,
+            body,
+            max_new_tokens=body.max_tokens,
+            stop=body.stop_strings(),
+            logprobs=wants_logprobs,
+            top_logprobs=body.logprobs or 0,
             stream=body.stream,
+            choice=choice % body.n,
         )
         for choice, prompt in _choices(prompts, body.n)
         if body.max_tokens > 0
     ]
     scores = {
-        index: ScoreRequest(
-            request_id=f"{response_id}-prompt-{index}",
-            model=model.name,
-            tokens=prompt.tokens,
-            scaling=target.scaling,
-            top_logprobs=body.logprobs or 0,
+        index: scoring_request(
+            f"{response_id}-prompt-{index}", target, prompt.tokens, top_logprobs=body.logprobs or 0
         )
         for index, prompt in enumerate(prompts)
-        if body.echo and wants_logprobs and len(prompt.tokens) >= 2  # one token has nothing to score
+        if body.echo
+        and wants_logprobs
+        and len(prompt.tokens) >= MIN_SCORED_TOKENS  # one has nothing to score
     }
     resolved = engine.resolve_pe(model.name, target.scaling, len(prompts[0].tokens) + body.max_tokens)
     return _Plan(prompts=prompts, generations=generations, scores=scores, resolved_pe=resolved)

@@ -13,8 +13,6 @@ from fastapi import APIRouter, Depends, Query
 
 from service.api.chat_template import render_chat
 from service.api.deps import EngineDep, require_json
-from service.api.errors import APIError
-from service.api.inputs import input_tokens
 from service.api.openapi import error_responses
 from service.api.schemas.tokenizer import (
     DetokenizeRequest,
@@ -23,6 +21,8 @@ from service.api.schemas.tokenizer import (
     TokenizeResponse,
     TokenizerInfoResponse,
 )
+from service.requests.errors import ErrorKind, RequestError
+from service.requests.prepare import input_tokens
 
 router = APIRouter(tags=["tokenizer"])
 
@@ -32,7 +32,9 @@ _ERRORS = error_responses(401, 404, 413, 415, 422, 503)
 @router.post("/tokenize", dependencies=[Depends(require_json)], responses=_ERRORS)
 async def tokenize(body: TokenizeRequest, engine: EngineDep) -> TokenizeResponse:
     if (body.prompt is None) == (body.messages is None):
-        raise APIError(422, "Exactly one of 'prompt' and 'messages' is required.", param="prompt")
+        raise RequestError(
+            ErrorKind.INVALID, "Exactly one of 'prompt' and 'messages' is required.", param="prompt"
+        )
     model = engine.resolve_model(body.model, None)
     if body.messages is not None:
         text = render_chat(
@@ -52,7 +54,7 @@ async def tokenize(body: TokenizeRequest, engine: EngineDep) -> TokenizeResponse
 @router.post("/detokenize", dependencies=[Depends(require_json)], responses=_ERRORS)
 async def detokenize(body: DetokenizeRequest, engine: EngineDep) -> DetokenizeResponse:
     model = engine.resolve_model(body.model, None)
-    tokens = input_tokens(engine, model, body.tokens, field="tokens")
+    tokens = input_tokens(engine, model, body.tokens, field="tokens", minimum=0)
     return DetokenizeResponse(prompt=engine.decode(model.name, list(tokens)))
 
 

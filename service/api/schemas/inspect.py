@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from service.api.schemas.scaling import PEScaling, Positions
 from service.engine.types import Scheme
+from service.requests.scaling import PEScaling, Positions
 
 MAX_LENGTH = 4096
 MAX_HEAD_DIM = 512

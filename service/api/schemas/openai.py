@@ -12,9 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from service.api.schemas.requests import MAX_STOP_SEQUENCES, ModelSelection, StopSequence
-from service.api.schemas.responses import PEBlock
-from service.api.schemas.sampling import SamplingControls, StrictBody, TokenId, TopLogprobsCount
+from service.requests.bodies import MAX_STOP_SEQUENCES, ModelSelection, StopSequence
+from service.requests.responses import PEBlock
+from service.requests.sampling import SamplingControls, StrictBody, TokenId, TopLogprobsCount
 
 MAX_CHOICES = 16
 MAX_PROMPTS = 64

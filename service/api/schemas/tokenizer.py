@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from service.api.schemas.openai import ChatMessage
-from service.api.schemas.sampling import StrictBody, TokenId
+from service.requests.sampling import StrictBody, TokenId
 
 ModelField = Field(
     None, min_length=1, max_length=256, description="A name from GET /models; default model if absent."

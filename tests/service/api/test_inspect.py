@@ -23,7 +23,7 @@ from pe_runtime import (
     t5_relative_position_bucket,
 )
 from service.api.schemas.inspect import MAX_CELLS, MAX_HEADS, MAX_LENGTH
-from service.api.schemas.scaling import SCALING_EXAMPLES
+from service.requests.scaling import SCALING_EXAMPLES
 from tests.service.api.helpers import assert_error_shape
 
 NATIVE = 128

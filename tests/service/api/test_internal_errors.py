@@ -18,10 +18,10 @@ import httpx
 import pytest
 import uvicorn
 
-from service.api import create_app
 from service.engine.engine import InferenceEngine
 from service.engine.errors import RequestFailedError
-from service.engine.types import EngineEvent, GenerationRequest, RequestHandle, ScoreRequest, TokenEvent
+from service.engine.types import EngineEvent, GenerationRequest, RequestHandle, ScoringRequest, TokenEvent
+from service.server import create_server
 from service.settings import Settings
 from tests.live_server import free_port
 from tests.service.api.helpers import DONE, assert_error_shape, sse_data, wait_for
@@ -61,7 +61,7 @@ class FaultyEngine(InferenceEngine):
         return super().encode(model, text, add_special_tokens=add_special_tokens)
 
     # The Engine protocol returns a RequestHandle; InferenceEngine narrows it to its own class.
-    def submit(self, request: GenerationRequest | ScoreRequest) -> RequestHandle:  # type: ignore[override]
+    def submit(self, request: GenerationRequest | ScoringRequest) -> RequestHandle:  # type: ignore[override]
         handle = super().submit(request)
         if isinstance(request, GenerationRequest) and request.sampling.seed == 13:
             return _FailsAfterFirstToken(handle)
@@ -71,7 +71,7 @@ class FaultyEngine(InferenceEngine):
 @contextmanager
 def in_process_server(checkpoint: Path, grpc_port: int) -> Iterator[httpx.Client]:
     engine = FaultyEngine.from_model_dirs([checkpoint], device="cpu", dtype="float32", max_context=256)
-    app = create_app(Settings(warmup=False, grpc_port=grpc_port), engine)
+    app = create_server(Settings(warmup=False, grpc_port=grpc_port), engine)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)

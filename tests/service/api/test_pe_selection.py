@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.api.schemas.scaling import SCALING_EXAMPLES
+from service.requests.scaling import SCALING_EXAMPLES
 from tests.service.api.conftest import NATIVE_CONTEXT, ROTARY_FREQUENCIES, SCHEME_ORDER, model_name
 from tests.service.api.helpers import assert_error_shape, metric_sum
 

@@ -8,9 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from pe_runtime import RopeScaling
-from service.api.errors import param_from_location
-from service.api.schemas.requests import GenerateRequest
-from service.api.schemas.scaling import SCALING_EXAMPLES
+from service.requests.bodies import GenerateRequest
+from service.requests.errors import param_from_location
+from service.requests.scaling import SCALING_EXAMPLES
 
 
 def first_error_param(body: dict[str, Any]) -> str | None:

@@ -1,9 +1,10 @@
 """`pe_scaling` as a discriminated union on `type`, one model per scaling with its own fields.
 
-Ranges that can be checked field by field live here so that a bad value is named precisely
-(`pe_scaling.factor`); checks that relate fields or depend on the model (beta_fast > beta_slow,
-factor list lengths, defaults from the model's native context) are `pe_runtime`'s, reached through
-`RopeScaling.from_hf`, whose `PEConfigError` names its field just the same.
+Ranges that can be checked field by field are declared here, with `pe_runtime`'s own bounds, so
+that the schema shows them and a bad value is named precisely (`pe_scaling.factor`); checks that
+relate fields or depend on the model (beta_fast > beta_slow, factor list lengths, defaults from the
+model's native context) are `pe_runtime`'s, reached through `RopeScaling.from_hf`, whose
+`PEConfigError` names its field just the same.
 """
 
 from __future__ import annotations
@@ -12,14 +13,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_FACTOR = 1024.0
-MAX_POSITIONS = 1 << 22
-MAX_FACTOR_LIST = 4096
+from pe_runtime.scaling import MAX_FACTOR, MAX_FACTOR_LIST, MAX_PARAMETER, MAX_POSITIONS
 
 Factor = Annotated[float, Field(ge=1.0, le=MAX_FACTOR, allow_inf_nan=False)]
 Positions = Annotated[int, Field(ge=1, le=MAX_POSITIONS)]
-NonNegative = Annotated[float, Field(ge=0.0, le=1e6, allow_inf_nan=False)]
-Positive = Annotated[float, Field(gt=0.0, le=1e6, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0.0, le=MAX_PARAMETER, allow_inf_nan=False)]
+Positive = Annotated[float, Field(gt=0.0, le=MAX_PARAMETER, allow_inf_nan=False)]
 FactorList = Annotated[list[Positive], Field(min_length=1, max_length=MAX_FACTOR_LIST)]
 
 SCALING_EXAMPLES: dict[str, dict[str, Any]] = {

@@ -1,8 +1,9 @@
 """The sampling controls every generating route accepts, with their bounds, defined once.
 
-`/generate` and the OpenAI routes inherit `SamplingControls`, so a bound is the same everywhere
-and a bad value is named by the same field (422 on `/generate`, 400 on `/v1`, see
-`service.api.errors`). Bounds are the engine's (`service.engine.types`), which checks them again.
+`/generate`, gRPC `Generate` and the OpenAI routes inherit `SamplingControls`, so a bound is the
+same everywhere and a bad value is named by the same field; `service.requests.build` turns them
+into the engine's `SamplingParams`. Bounds are the engine's (`service.engine.types`), which
+checks them again.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.engine.types import MAX_PENALTY, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, SamplingParams
+from service.engine.types import MAX_PENALTY, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS
 
 MAX_SEED = 2**63 - 1
 
@@ -51,32 +52,3 @@ class SamplingControls(StrictBody):
     stop_token_ids: list[TokenId] = Field(
         default_factory=list, max_length=MAX_STOP_TOKEN_IDS, description="Token ids that end the generation."
     )
-
-    def sampling_params(
-        self,
-        *,
-        max_new_tokens: int,
-        stop: tuple[str, ...],
-        logprobs: bool,
-        top_logprobs: int,
-        seed_offset: int = 0,
-    ) -> SamplingParams:
-        """The engine's parameters; `seed_offset` tells the n choices of one request apart."""
-        seed = None if self.seed is None else (self.seed + seed_offset) % (MAX_SEED + 1)
-        return SamplingParams(
-            max_new_tokens=max_new_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            seed=seed,
-            stop=stop,
-            logprobs=logprobs,
-            min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            ignore_eos=self.ignore_eos,
-            min_tokens=self.min_tokens,
-            stop_token_ids=tuple(self.stop_token_ids),
-            top_logprobs=top_logprobs,
-        )

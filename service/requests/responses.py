@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-FinishReason = Literal["length", "stop", "eos"]
+from service.engine.types import ClientFinishReason
 
 
 class ErrorDetail(BaseModel):
@@ -57,7 +57,7 @@ class GenerateResponse(BaseModel):
     top_logprobs: list[list[TopLogprobEntry]] | None = Field(
         None, description="Per generated token, its `top_logprobs` most likely alternatives."
     )
-    finish_reason: FinishReason
+    finish_reason: ClientFinishReason
     usage: Usage
     pe: PEBlock
     timing: TimingBlock
@@ -77,7 +77,7 @@ class StreamEnd(BaseModel):
 
     id: str
     model: str
-    finish_reason: FinishReason
+    finish_reason: ClientFinishReason
     usage: Usage
     pe: PEBlock
     timing: TimingBlock

@@ -1,8 +1,9 @@
 """The service's lifecycle: loading -> ready -> draining, or failed, and the engine once it exists.
 
-Routes ask `ServiceState.engine_for_request()` for the engine, so "not ready yet" and "draining"
-are answered with the same 503 everywhere, and `/readyz` reads the same phase. Whoever must follow
-the phase as it changes (the gRPC health service) subscribes with `on_phase_change`.
+Both transports ask `ServiceState.engine_for_request()` for the engine, so "not ready yet" and
+"draining" are answered alike everywhere (503 over HTTP, UNAVAILABLE over gRPC), and `/readyz`
+reads the same phase. Whoever must follow the phase as it changes (the gRPC health service)
+subscribes with `on_phase_change`.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from service.api.errors import APIError
 from service.engine.types import Engine
+from service.requests.errors import unavailable
 
-logger = logging.getLogger("service.api.state")
+logger = logging.getLogger("service.requests.state")
 
 
 class Phase(enum.Enum):
@@ -59,18 +60,18 @@ class ServiceState:
         return self.phase is Phase.READY and self.engine is not None and self.engine.healthy()
 
     def engine_for_request(self) -> Engine:
-        """The engine, or a 503 while loading, draining, after a failed start or a dead worker."""
+        """The engine, or UNAVAILABLE while loading, draining, after a failed start or a dead worker."""
         if self.ready():
             assert self.engine is not None
             return self.engine
         if self.phase is Phase.READY:
-            raise _unavailable("the inference engine stopped")
+            raise unavailable("the inference engine stopped")
         reason = {
             Phase.LOADING: "the models are still loading",
             Phase.DRAINING: "the server is shutting down",
             Phase.FAILED: "the models failed to load",
         }.get(self.phase, "the server is not ready")
-        raise _unavailable(reason)
+        raise unavailable(reason)
 
     def check_engine(self) -> None:
         """Turn FAILED once the engine is lost for good (its process died and could not return)."""
@@ -93,7 +94,3 @@ class ServiceState:
         logger.info("drained", extra={"all_finished": finished})
         self.drained.set()
         return finished
-
-
-def _unavailable(reason: str) -> APIError:
-    return APIError(503, f"Service unavailable: {reason}.", headers={"Retry-After": "1"})

@@ -1,16 +1,26 @@
-"""Engine results -> response models. The only place that knows both vocabularies."""
+"""Engine results -> response models, for every transport: the only place that knows both vocabularies.
+
+The gRPC API builds its messages from these models too, so a derived value (finish reason,
+perplexity, the resolved `pe` block) has one definition and the protocols cannot disagree.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 
-from fastapi import Response
-from pydantic import BaseModel
-
-from service.api.errors import APIError
-from service.api.schemas.responses import (
-    FinishReason,
+from service.engine.types import (
+    ClientFinishReason,
+    Engine,
+    GenerationResult,
+    ModelInfo,
+    PEInfo,
+    ScoreResult,
+    Timing,
+    TopLogprobs,
+)
+from service.requests.errors import ErrorKind, RequestError
+from service.requests.responses import (
     GenerateResponse,
     ModelCard,
     PEBlock,
@@ -19,21 +29,11 @@ from service.api.schemas.responses import (
     TopLogprobEntry,
     Usage,
 )
-from service.engine.types import Engine, GenerationResult, ModelInfo, PEInfo, ScoreResult, Timing, TopLogprobs
 
 # One token's text, for reporting alternatives (the tokenizer lives on this side of the engine too).
 TokenText = Callable[[int], str]
 
-_CLIENT_FINISH_REASONS: tuple[FinishReason, ...] = ("length", "stop", "eos")
-
-
-def json_response(body: BaseModel) -> Response:
-    """A response model the route built itself, serialized once by pydantic.
-
-    Returned as a model, FastAPI would validate it again field by field before serializing it,
-    which costs more than the rest of answering a request (for a 4,000-token `/score`, far more).
-    """
-    return Response(body.model_dump_json(), media_type="application/json")
+_CLIENT_FINISH_REASONS: tuple[ClientFinishReason, ...] = ("length", "stop", "eos")
 
 
 def pe_block(pe: PEInfo) -> PEBlock:
@@ -54,13 +54,15 @@ def usage(result: GenerationResult) -> Usage:
     return Usage(prompt_tokens=result.prompt_tokens, completion_tokens=len(result.tokens))
 
 
-def finish_reason(result: GenerationResult) -> FinishReason:
-    """The client-facing reason; a generation the engine cancelled (shutdown) is a 503, not an answer."""
+def finish_reason(result: GenerationResult) -> ClientFinishReason:
+    """The client-facing reason; a generation the engine cancelled (shutdown) is a failure to retry."""
     for reason in _CLIENT_FINISH_REASONS:
         if result.finish_reason == reason:
             return reason
-    raise APIError(
-        503, f"The generation ended early ({result.finish_reason}); retry.", error_type="request_cancelled"
+    raise RequestError(
+        ErrorKind.UNAVAILABLE,
+        f"The generation ended early ({result.finish_reason}); retry.",
+        error_type="request_cancelled",
     )
 
 

@@ -1,7 +1,8 @@
-"""Request bodies for `/generate` and `/score`: strict JSON types, bounds, no unknown fields.
+"""Request bodies of `/generate` and `/score`, and of gRPC `Generate` and `Score`, whose messages
+are read into these same models: strict types, bounds, no unknown fields.
 
 Bounds that depend on the chosen model (vocabulary, max_context) are checked after the model is
-resolved, in `service.api.inputs`; everything knowable from the body alone is checked here.
+resolved, in `service.requests.prepare`; everything knowable from the body alone is checked here.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from typing import Annotated
 
 from pydantic import Field
 
-from service.api.schemas.sampling import SamplingControls, StrictBody, TokenId, TopLogprobsCount
-from service.api.schemas.scaling import PEScaling
-from service.engine.types import SamplingParams, Scheme
+from service.engine.types import Scheme
+from service.requests.sampling import SamplingControls, StrictBody, TokenId, TopLogprobsCount
+from service.requests.scaling import PEScaling
 
 MAX_STOP_SEQUENCES = 8
 MAX_STOP_CHARS = 64
@@ -45,14 +46,6 @@ class GenerateRequest(InferenceInput, SamplingControls):
     stream: bool = False
     logprobs: bool = Field(False, description="Raw-distribution log-probability of each generated token.")
     top_logprobs: TopLogprobsCount = 0
-
-    def engine_sampling(self) -> SamplingParams:
-        return self.sampling_params(
-            max_new_tokens=self.max_new_tokens,
-            stop=tuple(self.stop),
-            logprobs=self.logprobs,
-            top_logprobs=self.top_logprobs,
-        )
 
 
 class ScoreRequest(InferenceInput):

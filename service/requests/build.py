@@ -1,0 +1,85 @@
+"""The engine requests, each built by one function, whichever protocol the request came in on.
+
+A field a client may set reaches the engine through exactly one schema (`service.requests.bodies`,
+`service.requests.sampling`) and one builder here; the transports call the builders with what
+their own shapes name differently (`max_tokens` against `max_new_tokens`, `n` choices).
+"""
+
+from __future__ import annotations
+
+from service.engine.types import GenerationRequest, SamplingParams, ScoringRequest
+from service.requests.bodies import GenerateRequest
+from service.requests.prepare import PreparedInput, Target
+from service.requests.sampling import MAX_SEED, SamplingControls
+
+
+def generation_request(
+    request_id: str,
+    target: Target,
+    prompt_tokens: tuple[int, ...],
+    controls: SamplingControls,
+    *,
+    max_new_tokens: int,
+    stop: tuple[str, ...],
+    logprobs: bool,
+    top_logprobs: int,
+    stream: bool,
+    choice: int = 0,
+) -> GenerationRequest:
+    """One generation; `choice` tells the n choices of one request apart (their seeds differ)."""
+    seed = None if controls.seed is None else (controls.seed + choice) % (MAX_SEED + 1)
+    sampling = SamplingParams(
+        max_new_tokens=max_new_tokens,
+        temperature=controls.temperature,
+        top_k=controls.top_k,
+        top_p=controls.top_p,
+        seed=seed,
+        stop=stop,
+        logprobs=logprobs,
+        min_p=controls.min_p,
+        repetition_penalty=controls.repetition_penalty,
+        presence_penalty=controls.presence_penalty,
+        frequency_penalty=controls.frequency_penalty,
+        ignore_eos=controls.ignore_eos,
+        min_tokens=controls.min_tokens,
+        stop_token_ids=tuple(controls.stop_token_ids),
+        top_logprobs=top_logprobs,
+    )
+    return GenerationRequest(
+        request_id=request_id,
+        model=target.model.name,
+        prompt_tokens=prompt_tokens,
+        sampling=sampling,
+        scaling=target.scaling,
+        stream=stream,
+    )
+
+
+def generate_job(
+    request_id: str, body: GenerateRequest, prepared: PreparedInput, *, stream: bool
+) -> GenerationRequest:
+    """The generation a `/generate` body or a gRPC `Generate` asks for."""
+    return generation_request(
+        request_id,
+        prepared.target,
+        prepared.tokens,
+        body,
+        max_new_tokens=body.max_new_tokens,
+        stop=tuple(body.stop),
+        logprobs=body.logprobs,
+        top_logprobs=body.top_logprobs,
+        stream=stream,
+    )
+
+
+def scoring_request(
+    request_id: str, target: Target, tokens: tuple[int, ...], *, top_logprobs: int = 0
+) -> ScoringRequest:
+    """One scoring pass: the log-probability of every token given its prefix."""
+    return ScoringRequest(
+        request_id=request_id,
+        model=target.model.name,
+        tokens=tokens,
+        scaling=target.scaling,
+        top_logprobs=top_logprobs,
+    )
