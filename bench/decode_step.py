@@ -32,6 +32,7 @@ import torch
 from service.model.checkpoint import load_checkpoint
 from service.model.fast_decode import FastDecoder
 from service.model.paged_cache import PagedKVCache, PagedRows
+from service.model.step_backend import Backend, choose_backend
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "zoo-rope"
 DEFAULT_OUTPUT = Path(__file__).parent / "results" / "decode_step.md"
@@ -68,17 +69,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def decoder_for(model_dir: Path, *, cpu_kernels: bool | None = None) -> FastDecoder:
+def decoder_for(model_dir: Path, backend: Backend | None = None) -> FastDecoder:
+    """A decoder on `backend`, or on the one the engine would choose here (None)."""
     model = load_checkpoint(model_dir, dtype=torch.float32).eval()
-    pool = PagedKVCache.within(
-        model.config, 64 << 20, min_tokens=4096, device=torch.device("cpu"), dtype=torch.float32
-    )
-    return FastDecoder(model, pool, max_window=MAX_WINDOW, cpu_kernels=cpu_kernels)
+    cpu = torch.device("cpu")
+    pool = PagedKVCache.within(model.config, 64 << 20, min_tokens=4096, device=cpu, dtype=torch.float32)
+    if backend is None:
+        threads = torch.get_num_threads()
+        backend = choose_backend(
+            model.config, device=cpu, dtype=torch.float32, threads=threads, allow_compile=True
+        ).backend
+    return FastDecoder(model, pool, backend, max_window=MAX_WINDOW)
 
 
 def compile_seconds(model_dir: Path) -> float:
     """What compiling the torch step costs (the C step, where it runs, compiles nothing)."""
-    return float(decoder_for(model_dir, cpu_kernels=False).warm_up())
+    return float(decoder_for(model_dir, Backend.COMPILED).warm_up())
 
 
 def warm_start_seconds(args: argparse.Namespace) -> float:
@@ -103,7 +109,7 @@ def measure(args: argparse.Namespace, batch: int) -> dict[str, float]:
     """
     engine = decoder_for(args.model_dir)
     engine.warm_up()
-    torch_step = FastDecoder(engine.model, engine.pool, max_window=MAX_WINDOW, cpu_kernels=False)
+    torch_step = FastDecoder(engine.model, engine.pool, Backend.COMPILED, max_window=MAX_WINDOW)
     torch_step.warm_up()
     sides: dict[str, Callable[[], float]] = {
         "eager": lambda: run(engine, batch, args, compiled=False),

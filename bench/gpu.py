@@ -61,6 +61,7 @@ from service.engine.models import resolve_dtype
 from service.model.checkpoint import load_checkpoint
 from service.model.fast_decode import FastDecoder
 from service.model.paged_cache import PagedKVCache
+from service.model.step_backend import Backend
 
 DEFAULT_OUTPUT = Path(__file__).parent / "results" / "gpu.md"
 # The windows these runs reach (32-token prompts and 64 steps: 96 keys), and no more: every window
@@ -148,11 +149,10 @@ def measure_steps(
         side: FastDecoder(
             model,
             pool,
+            Backend.CUDA_GRAPHS,
             max_window=MAX_WINDOW,
             max_batch=max(args.batches),
-            compile=compile,
-            cpu_kernels=False,
-            cuda_graphs=True,
+            inductor=compile,
         )
         for side, compile in graphed.items()
     }

@@ -31,6 +31,7 @@ from service.engine.types import GenerationRequest
 from service.model.fast_decode import FastDecoder
 from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows
 from service.model.refresh import recompute_row, stale_rows
+from service.model.step_backend import Backend
 from service.model.transformer import Stages, Transformer, run_layers
 
 logger = logging.getLogger("service.engine.batch")
@@ -113,10 +114,18 @@ class _Group:
 
 
 class ModelBatch:
-    def __init__(self, model: Transformer, pool: PagedKVCache, fast: FastDecoder | None = None) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        pool: PagedKVCache,
+        fast: FastDecoder | None = None,
+        backend: Backend = Backend.EAGER,
+    ) -> None:
+        """`fast` runs the steps it covers on `backend`; everything else runs the model eagerly."""
         self.model = model
         self.pool = pool
         self.fast = fast
+        self.backend = backend
         self._prefilling = _Group(pool)
         self._decoding = _Group(pool)
         self._spread: _SpreadChunk | None = None
@@ -267,7 +276,7 @@ class ModelBatch:
         scalings = [sequence.scaling for sequence in group.sequences]
         failed = self._refresh(group.view, scalings, table_lengths)
         try:
-            if fast and not failed and self.fast is not None and self.fast.accepts(group.view.lengths):
+            if fast and not failed and self.fast is not None and self.fast.covers(group.view.lengths):
                 logits = self.fast.step(group.view, [chunk[0] for chunk in chunks], scalings)
             elif (
                 not fast

@@ -15,6 +15,7 @@ own scaling down to the RoPE tables, so mixing scalings costs no extra pass.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -29,14 +30,14 @@ from service.engine.batch import ModelBatch, StepOutcome
 from service.engine.budget import DEFAULT_PREFILL_SLOWDOWN, DEFAULT_STEP_TOKEN_BUDGET, StepBudget
 from service.engine.errors import EngineError, RequestCancelledError, RequestFailedError
 from service.engine.handle import Item
-from service.engine.models import ServedModel
+from service.engine.models import ModelSpec, ServedModel
 from service.engine.sampler import sample_rows
 from service.engine.scoring import ChunkedScorer
 from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest, PEInfo, ScoreResult, ScoringRequest, Timing
-from service.model.decode_step import unsupported_by_fast_step
 from service.model.fast_decode import DEFAULT_MAX_WINDOW, FastDecoder
 from service.model.paged_cache import PagedKVCache
+from service.model.step_backend import Backend, BackendChoice, choose_backend
 
 logger = logging.getLogger("service.engine.core")
 
@@ -103,7 +104,7 @@ class EngineCore:
             name: _model_batch(served, decode, max_batch_size) for name, served in self._models.items()
         }
         self.compile_seconds = sum(
-            batch.fast.warm_up() for batch in self._batches.values() if batch.fast is not None
+            batch.fast.compile_seconds for batch in self._batches.values() if batch.fast is not None
         )
         pool_metrics.track(self)
         self._waiting: dict[str, deque[Job]] = {name: deque() for name in self._models}
@@ -195,6 +196,19 @@ class EngineCore:
 
     def kv_pools(self) -> dict[str, PagedKVCache]:
         return {name: batch.pool for name, batch in self._batches.items()}
+
+    def backends(self) -> dict[str, Backend]:
+        return {name: batch.backend for name, batch in self._batches.items()}
+
+    def specs(self) -> list[ModelSpec]:
+        """The models as clients see them, each with the backend its steps actually run on."""
+        return [
+            dataclasses.replace(
+                served.spec,
+                info=dataclasses.replace(served.spec.info, backend=str(self._batches[name].backend)),
+            )
+            for name, served in self._models.items()
+        ]
 
     def _admit(self, name: str) -> None:
         """Start waiting generations while the model's batch and its KV pool have room, in order."""
@@ -310,6 +324,12 @@ class EngineCore:
 
 
 def _model_batch(served: ServedModel, decode: DecodeSettings, max_batch_size: int) -> ModelBatch:
+    """The model's pool and batch, on the backend `choose_backend` picks, warmed up (compiled) now.
+
+    A fast backend that fails to warm up (Inductor without a working compiler, a CUDA capture
+    that runs out of memory) leaves the model eager, with the error in the log, instead of
+    killing the engine during start-up.
+    """
     model = served.model
     weight = model.embed_tokens.weight
     longest = served.spec.info.max_context
@@ -321,14 +341,33 @@ def _model_batch(served: ServedModel, decode: DecodeSettings, max_batch_size: in
         device=weight.device,
         dtype=weight.dtype,
     )
+    choice = choose_backend(
+        model.config,
+        device=weight.device,
+        dtype=weight.dtype,
+        threads=torch.get_num_threads(),
+        allow_compile=decode.compile,
+    )
     fast = None
-    if decode.compile:
-        reason = unsupported_by_fast_step(model.config)
-        if reason is None:
-            fast = FastDecoder(model, pool, max_window=decode.compile_max_window, max_batch=max_batch_size)
-        else:
-            logger.warning("model %r decodes eager: %s", served.name, reason)
-    return ModelBatch(model, pool, fast)
+    if choice.backend is not Backend.EAGER:
+        try:
+            fast = FastDecoder(
+                model, pool, choice.backend, max_window=decode.compile_max_window, max_batch=max_batch_size
+            )
+            fast.warm_up()
+        except Exception as error:
+            logger.exception("model %r: the %s backend failed to start", served.name, choice.backend)
+            first_line = next(iter(str(error).strip().splitlines()), "")
+            failed = f"the {choice.backend} backend failed: {type(error).__name__}: {first_line}"
+            choice, fast = BackendChoice(Backend.EAGER, failed), None
+    logger.info(
+        "model %r decodes on the %s backend (%s)",
+        served.name,
+        choice.backend,
+        choice.reason,
+        extra={"model": served.name, "backend": str(choice.backend)},
+    )
+    return ModelBatch(model, pool, fast, choice.backend)
 
 
 def _score_result(score: _ScoreJob) -> ScoreResult:

@@ -85,11 +85,6 @@ class InferenceEngine(EngineFrontend):
         prefill_slowdown: float = DEFAULT_PREFILL_SLOWDOWN,
         decode: DecodeSettings = DEFAULT_DECODE,
     ) -> None:
-        super().__init__(
-            ModelCatalog([served.spec for served in models]),
-            max_batch_size=max_batch_size,
-            max_queue=max_queue,
-        )
         self._core = EngineCore(
             models,
             max_batch_size=max_batch_size,
@@ -97,6 +92,7 @@ class InferenceEngine(EngineFrontend):
             prefill_slowdown=prefill_slowdown,
             decode=decode,
         )
+        super().__init__(ModelCatalog(self._core.specs()), max_batch_size=max_batch_size, max_queue=max_queue)
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

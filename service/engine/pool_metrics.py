@@ -1,4 +1,4 @@
-"""KV pool and compiler figures for `/metrics`, read from every live engine core at scrape time.
+"""KV pool, decode backend and compiler figures for `/metrics`, read from live engine cores when scraped.
 
 One collector per process, registered once on the global registry (which the engine process
 exports, and the API process too when the engine runs on its thread), over a weak set of cores:
@@ -17,12 +17,15 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from service.model.paged_cache import PagedKVCache
+from service.model.step_backend import Backend
 
 
 class PoolOwner(Protocol):
     compile_seconds: float
 
     def kv_pools(self) -> dict[str, PagedKVCache]: ...
+
+    def backends(self) -> dict[str, Backend]: ...
 
 
 _CORES: weakref.WeakSet[PoolOwner] = weakref.WeakSet()
@@ -48,13 +51,20 @@ class _PoolCollector(Collector):
         compile_time = GaugeMetricFamily(
             "pe_decode_compile_seconds", "Seconds spent compiling the decode step at start-up."
         )
+        backend = GaugeMetricFamily(
+            "pe_decode_backend",
+            "1 for the backend that runs the model's decode steps (eager, compiled, cuda_graphs, c).",
+            labels=["model", "backend"],
+        )
         for core in list(_CORES):
             for model, pool in core.kv_pools().items():
                 usage.add_metric([model], pool.usage)
                 tokens.add_metric([model], pool.total_blocks * pool.block_size)
                 size.add_metric([model], pool.nbytes)
+            for model, chosen in core.backends().items():
+                backend.add_metric([model, str(chosen)], 1.0)
         compile_time.add_metric([], sum(core.compile_seconds for core in list(_CORES)))
-        yield from (usage, tokens, size, compile_time)
+        yield from (usage, tokens, size, compile_time, backend)
 
 
 @functools.cache

@@ -1,7 +1,7 @@
 """The engine process: the engine core and the models, with an interpreter lock of its own.
 
-The API process starts it (`EngineClient.launch`) with a spawn context and one duplex pipe. Over
-the pipe, messages are tuples:
+The API process starts it when it constructs an `EngineClient`, with a spawn context and one
+duplex pipe. Over the pipe, messages are tuples:
 
 - to the engine: `("add", Job)`, `("cancel", job_key)`, `("metrics", nonce)`, `("shutdown",)`;
 - from the engine: `("ready", [ModelSpec, ...])` once the models are loaded, or `("failed", text)`;
@@ -76,6 +76,14 @@ def engine_main(connection: Connection, config: EngineConfig) -> None:
         models = load_models(
             config.model_dirs, device=config.device, dtype=config.dtype, max_context=config.max_context
         )
+        # Pools are allocated and fast backends warmed up here: their failures are start-up's too.
+        core = EngineCore(
+            models,
+            max_batch_size=config.max_batch_size,
+            step_token_budget=config.step_token_budget,
+            prefill_slowdown=config.prefill_slowdown,
+            decode=config.decode,
+        )
     except ModelLoadError as error:
         # The API process logs the one line that names the directory; the trace is for debugging.
         logger.debug("model loading failed in the engine process", exc_info=True)
@@ -85,15 +93,8 @@ def engine_main(connection: Connection, config: EngineConfig) -> None:
         logger.exception("model loading failed in the engine process")
         connection.send(("failed", f"{type(error).__name__}: {error}"))
         return
-    core = EngineCore(
-        models,
-        max_batch_size=config.max_batch_size,
-        step_token_budget=config.step_token_budget,
-        prefill_slowdown=config.prefill_slowdown,
-        decode=config.decode,
-    )
     freeze_startup_objects()
-    connection.send(("ready", [served.spec for served in models]))
+    connection.send(("ready", core.specs()))
     try:
         _serve(connection, core)
     except (EOFError, OSError):

@@ -1,4 +1,4 @@
-"""When and how decode steps take the compiled path (`service.model.decode_step`).
+"""The fast backends' decode step (`service.model.step_backend`: compiled, cuda_graphs, c).
 
 The compiled step has one entry per window bucket (a power of two of positions, from
 `MIN_WINDOW` to the decoder's `max_window`) and, within a bucket, one for a lone row and one for
@@ -8,8 +8,8 @@ by every model of the same architecture and scheme. Everything else takes the ea
 window past `max_window` (long contexts, where attention's memory reads dominate and the
 compiler gains little), and schemes whose attention is not a bias on the scores.
 
-On a CPU in float32 with torch on one thread (`uses_cpu_kernels`), every step, a lone row's too,
-runs instead in C, `service.model.kernels.batch_step`, after the same `step_prelude` (embedding,
+Under the `c` backend (a CPU in float32, torch on one thread), every step, a lone row's too, runs
+instead in C, `service.model.kernels.batch_step`, after the same `step_prelude` (embedding,
 each row's tables, the scheme's bias): its attention reads each row's own keys, where the torch
 attention reads every row's whole window bucket; its products read weights packed once for them,
 where the BLAS call repacks them every time; and one call replaces the compiled graph's guards,
@@ -37,10 +37,18 @@ from torch import Tensor
 
 from pe_runtime import RopeScaling
 from service.model.cuda_graphs import GraphedStep
-from service.model.decode_step import StepInputs, decode_one_token, pack_weights, step_prelude, step_shape
+from service.model.decode_step import (
+    StepInputs,
+    StepWeights,
+    decode_one_token,
+    pack_weights,
+    step_prelude,
+    step_shape,
+)
 from service.model.kernels import batch_step
 from service.model.paged_cache import PagedKVCache, PagedRows
 from service.model.positional import StepTables
+from service.model.step_backend import Backend
 from service.model.transformer import Transformer
 
 logger = logging.getLogger("service.model.fast_decode")
@@ -80,43 +88,41 @@ def compiled_step() -> StepFunction:
 
 
 class FastDecoder:
-    """The compiled decode step of one model over its block pool."""
+    """The decode step of one model over its block pool, on a fast backend (`step_backend`)."""
 
     def __init__(
         self,
         model: Transformer,
         pool: PagedKVCache,
+        backend: Backend,
         *,
         max_window: int = DEFAULT_MAX_WINDOW,
         max_batch: int = DEFAULT_MAX_BATCH,
-        compile: bool = True,
-        cpu_kernels: bool | None = None,
-        cuda_graphs: bool | None = None,
+        inductor: bool = True,
     ) -> None:
-        """`compile=False` runs the same step uncompiled (the reference the tests use);
-        `cpu_kernels` says whether steps run in C (`uses_cpu_kernels` decides where it is None).
-        A lone row's C step took 0.20 ms against 0.39 ms for its compiled torch step (a /tmp probe,
-        both paths alternating in one process, 5 repeats).
+        """`backend` is `choose_backend`'s (or a test's) pick among the fast ones. A lone row's C
+        step took 0.20 ms against 0.39 ms for its compiled torch step (a /tmp probe, both paths
+        alternating in one process, 5 repeats).
 
-        `cuda_graphs` (by default: on a CUDA pool) replays the torch step as graphs of batches of
-        up to `max_batch` rows; on a CPU it runs the graphs' buffers and padding uncaptured."""
+        `inductor=False` runs the torch step uncompiled (the reference the tests use). Under
+        `cuda_graphs` the step replays graphs of batches of up to `max_batch` rows (the engine's
+        batch size); on a CPU it runs the graphs' buffers and padding uncaptured (tests again)."""
+        if backend is Backend.EAGER:
+            raise ValueError("the eager backend is the model's own forward pass, not a FastDecoder")
         self.model = model
         self.pool = pool
+        self.backend = backend
         self.max_window = max_window
         self.max_batch = max_batch
-        on_cuda = pool.keys[0].device.type == "cuda"
-        if cpu_kernels is None:
-            cpu_kernels = uses_cpu_kernels(pool)
-        if cuda_graphs is None:
-            cuda_graphs = on_cuda
         self.shape = step_shape(model, pool.block_size)
-        self.weights = pack_weights(model)
-        self.batch_step = _batch_step(model, pool) if cpu_kernels else None
+        # The C step reads the panels; the prelude reads only the embedding and T5 table, shared.
+        self.weights = pack_weights(model, packed=backend is Backend.C)
+        self.batch_step = _batch_step(model, pool, self.weights) if backend is Backend.C else None
         self.compile_seconds = 0.0
-        self._step = compiled_step() if compile else decode_one_token
+        self._step = compiled_step() if inductor else decode_one_token
         self.graphs = (
-            GraphedStep(self._torch_step, max_batch, capture=on_cuda)
-            if cuda_graphs and self.batch_step is None
+            GraphedStep(self._torch_step, max_batch, capture=pool.keys[0].device.type == "cuda")
+            if backend is Backend.CUDA_GRAPHS
             else None
         )
         self._tables: tuple[Hashable, StepTables] | None = None
@@ -128,8 +134,9 @@ class FastDecoder:
         needed = max(lengths) + 1
         return max(MIN_WINDOW, 1 << (needed - 1).bit_length())
 
-    def accepts(self, lengths: Sequence[int]) -> bool:
-        return self.window_for(lengths) <= self.max_window and len(lengths) <= self.max_batch
+    def covers(self, lengths: Sequence[int]) -> bool:
+        """Whether rows of these cached lengths decode here: their window is within the buckets."""
+        return self.window_for(lengths) <= self.max_window
 
     def windows(self) -> list[int]:
         sizes, window = [], MIN_WINDOW
@@ -311,17 +318,8 @@ class FastDecoder:
         return self._tables[1]
 
 
-def uses_cpu_kernels(pool: PagedKVCache) -> bool:
-    """Whether steps can run in C: a float32 pool on the CPU, with torch on one intra-op thread
-    (the C step runs on one; with more, the compiler's parallel loops and BLAS's threads win)."""
-    pages = pool.keys[0]
-    cpu_float = pages.device.type == "cpu" and pages.dtype == torch.float32
-    return cpu_float and torch.get_num_threads() == 1 and batch_step.available()
-
-
-def _batch_step(model: Transformer, pool: PagedKVCache) -> batch_step.BatchStep:
-    """The C step over the model's weights, packed for it (a copy of the weights)."""
-    weights = pack_weights(model, packed=True)
+def _batch_step(model: Transformer, pool: PagedKVCache, weights: StepWeights) -> batch_step.BatchStep:
+    """The C step over the model's weights as `pack_weights(..., packed=True)` laid them out."""
     layers = [
         (layer.attn_norm, layer.qkv, layer.qkv_bias, layer.o_proj, layer.mlp_norm, layer.gate_up, layer.down)
         for layer in weights.layers

@@ -123,4 +123,5 @@ def model_card(info: ModelInfo) -> ModelCard:
         parameters=info.parameters,
         device=info.device,
         dtype=info.dtype,
+        backend=info.backend,
     )

@@ -101,6 +101,7 @@ class ModelCard(BaseModel):
     parameters: int
     device: str
     dtype: str
+    backend: str = Field(description="The decode path its steps run on: eager, compiled, cuda_graphs or c.")
 
 
 class ModelsResponse(BaseModel):

@@ -19,12 +19,14 @@ from pe_runtime import RopeScaling
 from service.engine.core import DecodeSettings
 from service.engine.engine import InferenceEngine, load_models
 from service.engine.types import GenerationRequest, GenerationResult, SamplingParams
-from service.model.fast_decode import FastDecoder, uses_cpu_kernels
+from service.model.fast_decode import FastDecoder
 from service.model.kernels import batch_step
 from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows
 from service.model.refresh import recompute_row, stale_rows
+from service.model.step_backend import Backend
 from service.model.transformer import Transformer
 from tests.conftest import TINY_CONFIG, TinyCheckpointFactory, rope_scalings, tiny_transformer
+from tests.kernels import require_kernel
 
 NATIVE = 16
 TOLERANCE = 1e-4
@@ -129,14 +131,15 @@ def test_reference_step_equals_the_full_pass(
     """Both paths of batches: torch's, and the C kernels (attention on its vector path: 16-wide heads)."""
     overrides = dict(overrides)  # the case's own dict is shared by both paths
     kernel = path == "kernels"
-    if kernel and not batch_step.available():
-        pytest.skip("no C compiler builds the kernels here")
+    if kernel:
+        require_kernel(batch_step.available, "batch step")
     heads = {"head_dim_override": WIDE_HEAD} if kernel else {}
     if kernel:
         wide = {id(narrow): WIDE_SCALINGS[name] for name, narrow in SCALINGS.items()}
         scalings = [wide.get(id(scaling), scaling) for scaling in scalings]
     model = tiny_transformer(native_context=overrides.pop("native_context", NATIVE), **overrides, **heads)
-    decoder = FastDecoder(model, pool_for(model), max_window=128, compile=False, cpu_kernels=kernel)
+    backend = Backend.C if kernel else Backend.COMPILED
+    decoder = FastDecoder(model, pool_for(model), backend, max_window=128, inductor=False)
     assert decode_and_compare(model, decoder, scalings) < TOLERANCE
 
 
@@ -148,7 +151,6 @@ def written_entries(pool: PagedKVCache, row: PagedRow) -> torch.Tensor:
     return torch.stack([pages[:, blocks, offsets] for pages in pool.keys + pool.values])
 
 
-@pytest.mark.skipif(not batch_step.available(), reason="no C compiler builds the kernels here")
 @pytest.mark.parametrize(
     ("overrides", "scalings"), [case[1:] for case in SCHEME_CASES], ids=[case[0] for case in SCHEME_CASES]
 )
@@ -157,9 +159,10 @@ def test_prompt_chunks_in_c_equal_the_eager_pass(
 ) -> None:
     """A second prompt chunk, rows of different pasts and counts padded to one width, run as rows of
     the C step: the same logits, row state and cached entries as the eager pass writes."""
+    require_kernel(batch_step.available, "batch step")
     overrides = dict(overrides)
     model = tiny_transformer(native_context=overrides.pop("native_context", NATIVE), **overrides)
-    decoder = FastDecoder(model, pool_for(model), max_window=128, compile=False)
+    decoder = FastDecoder(model, pool_for(model), Backend.C, max_window=128)
     eager_pool = pool_for(model)
     generator = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 256, (n,), generator=generator).tolist() for n in (30, 12, 50, 7)]
@@ -205,36 +208,19 @@ def test_prompt_chunks_in_c_equal_the_eager_pass(
         assert float(gap.abs().max()) < TOLERANCE
 
 
-def test_prompt_chunks_past_the_window_or_without_the_kernels_run_eager() -> None:
+def test_prompt_chunks_past_the_window_or_off_the_c_backend_run_eager() -> None:
     model = tiny_transformer(native_context=NATIVE, pe="rope")
-    assert not FastDecoder(model, pool_for(model), compile=False, cpu_kernels=False).prefills([0], [8])
-    decoder = FastDecoder(model, pool_for(model), max_window=64, compile=False)
-    if decoder.batch_step is not None:
-        assert decoder.prefills([40, 0], [24, 5]) and not decoder.prefills([40, 0], [25, 5])
-
-
-@pytest.mark.skipif(not batch_step.available(), reason="no C compiler builds the kernels here")
-def test_batches_take_the_kernels_only_on_one_thread_in_float32() -> None:
-    """The kernels are single-threaded and float32: elsewhere the batch keeps the torch path."""
-    model = tiny_transformer(native_context=NATIVE, pe="rope")
-    assert uses_cpu_kernels(pool_for(model))
-    decoder = FastDecoder(model, pool_for(model), max_window=128, compile=False)
-    assert decoder.batch_step is not None
-    cpu = torch.device("cpu")
-    double = PagedKVCache.within(model.config, 0, min_tokens=64, device=cpu, dtype=torch.float64)
-    assert not uses_cpu_kernels(double)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        assert not uses_cpu_kernels(pool_for(model))
-    finally:
-        torch.set_num_threads(threads)
+    compiled = FastDecoder(model, pool_for(model), Backend.COMPILED, inductor=False)
+    assert compiled.batch_step is None and not compiled.prefills([0], [8])
+    require_kernel(batch_step.available, "batch step")
+    decoder = FastDecoder(model, pool_for(model), Backend.C, max_window=64)
+    assert decoder.prefills([40, 0], [24, 5]) and not decoder.prefills([40, 0], [25, 5])
 
 
 def test_compiled_step_equals_the_full_pass_for_a_mixed_batch() -> None:
     """The compiled torch step (GPUs, other dtypes, more threads), for lone rows and batches."""
     model = tiny_transformer(native_context=NATIVE, pe="rope")
-    decoder = FastDecoder(model, pool_for(model), max_window=128, cpu_kernels=False)
+    decoder = FastDecoder(model, pool_for(model), Backend.COMPILED, max_window=128)
     assert decode_and_compare(model, decoder, list(SCALINGS.values())) < TOLERANCE
 
 
@@ -242,7 +228,7 @@ def test_compiled_step_equals_the_full_pass_for_a_mixed_batch() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_compiled_step_on_cuda_equals_the_full_pass() -> None:
     model = tiny_transformer(native_context=NATIVE, pe="rope").cuda()
-    decoder = FastDecoder(model, pool_for(model), max_window=128)
+    decoder = FastDecoder(model, pool_for(model), Backend.COMPILED, max_window=128)
     assert decode_and_compare(model, decoder, list(SCALINGS.values())) < TOLERANCE
 
 
@@ -255,13 +241,7 @@ GRAPH_CHANGES = {2: (1, 0), 4: (0, 2), 6: (1, 0)}
 def uncaptured_graphs(model: Transformer, max_batch: int) -> FastDecoder:
     """The CUDA graphs' buffers and padding over the uncompiled torch step, without a capture."""
     return FastDecoder(
-        model,
-        pool_for(model),
-        max_window=128,
-        max_batch=max_batch,
-        compile=False,
-        cpu_kernels=False,
-        cuda_graphs=True,
+        model, pool_for(model), Backend.CUDA_GRAPHS, max_window=128, max_batch=max_batch, inductor=False
     )
 
 
@@ -285,7 +265,6 @@ def test_warm_up_makes_a_graph_for_every_window_and_batch_bucket() -> None:
     assert decoder.graphs is not None and decoder.graphs.buckets == [1, 2, 4, 6]
     decoder.warm_up()
     assert decoder.graphs.captured() == [(blocks, batch) for blocks in (4, 8) for batch in (1, 2, 4, 6)]
-    assert decoder.accepts([10] * 6) and not decoder.accepts([10] * 7)  # 7 rows run eager
 
 
 @pytest.mark.cuda
@@ -293,7 +272,9 @@ def test_warm_up_makes_a_graph_for_every_window_and_batch_bucket() -> None:
 @pytest.mark.parametrize("compile", [False, True], ids=["eager-step", "compiled-step"])
 def test_cuda_graphs_equal_the_full_pass(compile: bool) -> None:
     model = tiny_transformer(native_context=NATIVE, pe="rope").cuda()
-    decoder = FastDecoder(model, pool_for(model), max_window=128, max_batch=8, compile=compile)
+    decoder = FastDecoder(
+        model, pool_for(model), Backend.CUDA_GRAPHS, max_window=128, max_batch=8, inductor=compile
+    )
     assert decoder.graphs is not None and decoder.graphs.capture
     decoder.warm_up()
     assert decode_and_compare(model, decoder, list(SCALINGS.values()), GRAPH_CHANGES) < TOLERANCE
@@ -301,8 +282,8 @@ def test_cuda_graphs_equal_the_full_pass(compile: bool) -> None:
 
 def test_windows_past_the_compiled_range_are_left_to_the_eager_path() -> None:
     model = tiny_transformer(native_context=NATIVE)
-    decoder = FastDecoder(model, pool_for(model), max_window=64, compile=False)
-    assert decoder.accepts([63]) and not decoder.accepts([64])  # a row at length 63 needs 64 keys
+    decoder = FastDecoder(model, pool_for(model), Backend.COMPILED, max_window=64, inductor=False)
+    assert decoder.covers([63]) and not decoder.covers([64])  # a row at length 63 needs 64 keys
     assert decoder.windows() == [64]
 
 

@@ -15,10 +15,13 @@ import torch
 
 from service.model.kernels import paged_attention
 from service.model.kernels.paged_attention import paged_decode_attention, reference_paged_decode_attention
+from tests.kernels import require_kernel
 
-pytestmark = pytest.mark.skipif(
-    not paged_attention.available(), reason="no C compiler builds the paged attention kernel here"
-)
+
+@pytest.fixture(autouse=True)
+def _kernel() -> None:
+    require_kernel(paged_attention.available, "paged attention")
+
 
 BLOCK = 16
 POOL_BLOCKS = 40

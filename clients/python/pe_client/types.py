@@ -168,6 +168,7 @@ class ModelInfo(_Response):
     parameters: int
     device: str
     dtype: str
+    backend: str | None = None  # the decode path: eager, compiled, cuda_graphs or c (None: older servers)
 
 
 class ModelList(_Response):

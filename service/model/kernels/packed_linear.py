@@ -42,11 +42,6 @@ def pack_weight(weight: Tensor) -> Tensor:
     return padded.view(panels, PANEL, in_features).transpose(1, 2).contiguous()
 
 
-def unpack_weight(packed: Tensor, out_features: int) -> Tensor:
-    """The [N, K] weight back from its panels."""
-    return packed.transpose(1, 2).reshape(-1, packed.shape[1])[:out_features]
-
-
 def packed_linear(input: Tensor, packed_weight: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
     """float32 [..., N]: `F.linear(input, weight, bias)` with the weight as `pack_weight` packed it.
     CPU only; `available()` says whether it can run. The batch step (`batch_step.c`) calls the same

@@ -37,6 +37,7 @@ def test_models_lists_every_resident_model_in_load_order(client: httpx.Client) -
         "longrope",
     }
     assert rope["parameters"] > 0 and rope["device"] == "cpu" and rope["dtype"] == "float32"
+    assert {card["backend"] for card in models} == {"eager"}  # the default: nothing compiled
 
 
 def test_generate_returns_the_spec_response(client: httpx.Client) -> None:
@@ -198,6 +199,7 @@ def test_metrics_report_each_models_kv_pool(client: httpx.Client) -> None:
     assert metric_value(client, 'pe_kv_cache_usage_perc{model="tiny-rope"}') == 0.0
     assert metric_value(client, 'pe_kv_cache_capacity_tokens{model="tiny-rope"}') >= MAX_CONTEXT
     assert metric_value(client, 'pe_kv_cache_bytes{model="tiny-rope"}') > 0
+    assert metric_value(client, 'pe_decode_backend{model="tiny-rope",backend="eager"}') == 1.0
 
 
 def test_openapi_has_an_example_per_scaling_type(client: httpx.Client) -> None:

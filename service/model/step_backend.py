@@ -1,0 +1,78 @@
+"""Which body of layer math runs a model's steps: chosen once per model, in one function.
+
+Four backends produce served logits:
+
+- `eager`: `Transformer.forward` over the block pool. Every model, scheme and window; the others
+  hand it what they do not cover (prompt chunks off the C path, windows past their largest bucket,
+  a row rerun alone after a failed pass).
+- `compiled`: `decode_step.decode_one_token` under Inductor, one entry per window bucket.
+- `cuda_graphs`: that compiled step captured as CUDA graphs, one per window and batch bucket.
+- `c`: the whole step, and prompt chunks, as one C call (`kernels/batch_step.c`).
+
+`choose_backend` decides from the device, the dtype, torch's intra-op threads and whether a
+compiler is there, and says why; the engine logs the choice at start-up and reports it per model
+(`ModelInfo.backend`, `/models`, the `pe_serve_step_backend` gauge), so that what runs is never a
+guess. Only `--compile` (`allow_compile`) opens the fast backends: they cost start-up time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+
+from service.model.config import ModelConfig
+from service.model.decode_step import unsupported_by_fast_step
+from service.model.kernels import batch_step
+
+
+class Backend(StrEnum):
+    """The SPEC's names for the decode path a model uses."""
+
+    EAGER = "eager"
+    COMPILED = "compiled"
+    CUDA_GRAPHS = "cuda_graphs"
+    C = "c"
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    backend: Backend
+    reason: str  # what decided it, for the start-up log
+
+
+def choose_backend(
+    config: ModelConfig,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    threads: int,
+    allow_compile: bool,
+) -> BackendChoice:
+    """The backend for a model on `device` in `dtype`, with torch on `threads` intra-op threads.
+
+    The C step is single-threaded and float32, so it runs where torch has one thread; with more,
+    Inductor's parallel loops and BLAS's threads win. Inductor on a CPU compiles C++, so without a
+    compiler the model stays eager rather than failing at warm-up.
+    """
+    if not allow_compile:
+        return BackendChoice(Backend.EAGER, "--compile is off")
+    unsupported = unsupported_by_fast_step(config)
+    if unsupported is not None:
+        return BackendChoice(Backend.EAGER, f"the fast step cannot run it: {unsupported}")
+    if device.type == "cuda":
+        return BackendChoice(Backend.CUDA_GRAPHS, "a CUDA device: the compiled step, captured")
+    if device.type == "cpu" and dtype == torch.float32 and threads == 1 and batch_step.available():
+        return BackendChoice(Backend.C, "float32 on a CPU with one torch thread")
+    if device.type == "cpu" and not cxx_compiler():
+        return BackendChoice(Backend.EAGER, "no C++ compiler for Inductor on this machine")
+    return BackendChoice(Backend.COMPILED, f"{dtype} on {device.type} with {threads} torch threads")
+
+
+def cxx_compiler() -> str | None:
+    """The C++ compiler Inductor would call ($CXX, else the usual names), or None."""
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
+    return next((path for name in names if (path := shutil.which(name))), None)
