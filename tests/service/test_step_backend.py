@@ -4,6 +4,7 @@ its choice and falls back to eager when a fast backend cannot start."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from tests.kernels import require_kernel
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
-def config(**overrides: object) -> ModelConfig:
+def config(**overrides: Any) -> ModelConfig:
     return tiny_transformer(native_context=16, **overrides).config
 
 
