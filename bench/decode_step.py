@@ -115,7 +115,7 @@ def measure(args: argparse.Namespace, batch: int) -> dict[str, float]:
         "eager": lambda: run(engine, batch, args, compiled=False),
         "compiled": lambda: run(torch_step, batch, args, compiled=True),
     }
-    if engine.batch_step is not None:
+    if engine.c_pass is not None:
         sides["c_step"] = lambda: run(engine, batch, args, compiled=True)
     samples: dict[str, list[float]] = {side: [] for side in sides}
     for _ in range(args.repeats):
@@ -175,7 +175,7 @@ def report(
         "Sides: the eager model (the engine without `--compile`); `FastDecoder.step` with the compiled "
         "torch step (GPUs, other dtypes, more threads); and, where it applies (a float32 pool on one "
         "torch thread), `FastDecoder.step` running the whole step as one C call "
-        "(`service/model/kernels/batch_step.c`), which is what the engine runs with `--compile` here. "
+        "(`service/model/kernels/batch_pass.c`), which is what the engine runs with `--compile` here. "
         "The two decoders share the model and the pool in one process; two decoders side by side "
         "once gave identical code 0.64-0.86x of each other here, so read their ratio with that margin.",
         "",

@@ -64,7 +64,7 @@ def english_tokens(engine: InferenceEngine, model: str, count: int) -> list[int]
     import pydoc_data.topics
 
     text = "\n".join(pydoc_data.topics.topics.values())
-    tokens = engine.encode(model, text)
+    tokens = engine.tokenize(model, text)
     if len(tokens) < count:
         raise SystemExit(f"pydoc_data.topics has only {len(tokens)} tokens")
     return tokens[:count]

@@ -163,7 +163,7 @@ run_image() {
         >/dev/null 2> >(without_systemd_noise)
     sdk_check "http://127.0.0.1:$RUN_PORT"
     podman exec "$CONTAINER" python3 -c \
-        "from service.model.kernels import batch_step; assert batch_step.available(), 'no C kernels'"
+        "from service.model.kernels import batch_pass; assert batch_pass.available(), 'no C kernels'"
     log "the C decode kernels build and load in the image"
     podman healthcheck run "$CONTAINER" >/dev/null 2> >(without_systemd_noise)
     log "the image's HEALTHCHECK passes"

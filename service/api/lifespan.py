@@ -44,7 +44,7 @@ _WARMUP_TEXT = "def warm_up():\n    return 0\n"
 async def warm_up(engine: Engine) -> None:
     """One short scoring pass per model: weights paged in, kernels chosen, default PE tables built."""
     for info in engine.models():
-        tokens = tuple(engine.encode(info.name, _WARMUP_TEXT))
+        tokens = tuple(engine.tokenize(info.name, _WARMUP_TEXT))
         handle = engine.submit(
             ScoringRequest(request_id=f"warmup-{info.name}", model=info.name, tokens=tokens)
         )

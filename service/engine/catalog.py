@@ -79,13 +79,13 @@ class ModelCatalog:
             )
         return spec.resolve_pe(scaling, total_length)
 
-    def encode(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
+    def tokenize(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return self.spec(model).encode(text, add_special_tokens=add_special_tokens)
 
     def tokenizer_info(self, model: str) -> TokenizerInfo:
         return self.spec(model).tokenizer_info
 
-    def decode(self, model: str, tokens: list[int]) -> str:
+    def detokenize(self, model: str, tokens: list[int]) -> str:
         return self.spec(model).tokenizer.decode(tokens)
 
     def validate(self, request: GenerationRequest | ScoringRequest) -> PEInfo:

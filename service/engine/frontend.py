@@ -52,14 +52,14 @@ class EngineFrontend(ABC):
     def resolve_pe(self, model: str, scaling: RopeScaling | None, total_length: int) -> PEInfo:
         return self.catalog.resolve_pe(model, scaling, total_length)
 
-    def encode(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        return self.catalog.encode(model, text, add_special_tokens=add_special_tokens)
+    def tokenize(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return self.catalog.tokenize(model, text, add_special_tokens=add_special_tokens)
 
     def tokenizer_info(self, model: str) -> TokenizerInfo:
         return self.catalog.tokenizer_info(model)
 
-    def decode(self, model: str, tokens: list[int]) -> str:
-        return self.catalog.decode(model, tokens)
+    def detokenize(self, model: str, tokens: list[int]) -> str:
+        return self.catalog.detokenize(model, tokens)
 
     def submit(self, request: GenerationRequest | ScoringRequest) -> EngineHandle:
         """Validate and queue; errors are raised here, before anything is queued."""

@@ -31,10 +31,6 @@ class EngineHandle:
         self._cancelled = threading.Event()
         self._on_cancel = on_cancel
 
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled.is_set()
-
     def cancel(self) -> None:
         """Ask the engine to drop the request; its slot is freed at the next step."""
         with self._lock:

@@ -38,7 +38,6 @@ class RunningSequence:
     first_token_at: float = 0.0
     finish_reason: FinishReason | None = None
     prefilled: int = 0  # prompt tokens in the KV cache
-    cancelled: bool = False
 
     def __post_init__(self) -> None:
         self.scaling = self.served.effective_scaling(self.request.scaling)

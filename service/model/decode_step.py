@@ -9,7 +9,7 @@ per window bucket and replays it for every step of that shape. The model's weigh
 too, not constants, so every model with the same architecture and scheme shares the compiled code.
 
 Attention is `reference_paged_decode_attention`, which the compiler fuses over the whole window.
-On a CPU in float32 a batch skips this function: `service.model.kernels.batch_step` runs the same
+On a CPU in float32 a batch skips this function: `service.model.kernels.batch_pass` runs the same
 layers in C after the same `step_prelude`, over weights packed for it (`pack_weights(...,
 packed=True)`).
 

@@ -9,7 +9,7 @@ window past `max_window` (long contexts, where attention's memory reads dominate
 compiler gains little), and schemes whose attention is not a bias on the scores.
 
 Under the `c` backend (a CPU in float32, torch on one thread), every step, a lone row's too, runs
-instead in C, `service.model.kernels.batch_step`, after the same `step_prelude` (embedding,
+instead in C, `service.model.kernels.batch_pass`, after the same `step_prelude` (embedding,
 each row's tables, the scheme's bias): its attention reads each row's own keys, where the torch
 attention reads every row's whole window bucket; its products read weights packed once for them,
 where the BLAS call repacks them every time; and one call replaces the compiled graph's guards,
@@ -45,7 +45,7 @@ from service.model.decode_step import (
     step_prelude,
     step_shape,
 )
-from service.model.kernels import batch_step
+from service.model.kernels import batch_pass
 from service.model.paged_cache import PagedKVCache, PagedRows
 from service.model.positional import StepTables
 from service.model.step_backend import Backend
@@ -117,7 +117,7 @@ class FastDecoder:
         self.shape = step_shape(model, pool.block_size)
         # The C step reads the panels; the prelude reads only the embedding and T5 table, shared.
         self.weights = pack_weights(model, packed=backend is Backend.C)
-        self.batch_step = _batch_step(model, pool, self.weights) if backend is Backend.C else None
+        self.c_pass = _c_batch_pass(model, pool, self.weights) if backend is Backend.C else None
         self.compile_seconds = 0.0
         self._step = compiled_step() if inductor else decode_one_token
         self.graphs = (
@@ -154,7 +154,7 @@ class FastDecoder:
         started = time.perf_counter()
         scaling = self.model.positions.default_scaling
         batches: Sequence[int] = (1, 2)
-        if self.batch_step is not None:
+        if self.c_pass is not None:
             batches = ()
         elif self.graphs is not None:
             batches = self.graphs.buckets[::-1]  # the largest first: the others reuse its memory
@@ -188,7 +188,7 @@ class FastDecoder:
 
     def prefills(self, lengths: Sequence[int], counts: Sequence[int]) -> bool:
         """Whether a prompt chunk of `counts` tokens per row, after `lengths` cached, runs in C."""
-        if self.batch_step is None or min(counts) < 1:
+        if self.c_pass is None or min(counts) < 1:
             return False
         return self._chunk_window(lengths, counts) <= self.max_window
 
@@ -237,7 +237,7 @@ class FastDecoder:
             *tables[1:],
         )
         with torch.inference_mode():
-            logits = self._c_step(inputs)
+            logits = self._run_in_c(inputs)
         last = torch.tensor(list(itertools.accumulate(counts)), device=device) - 1
         keys = self._table_keys(scalings, table_lengths)
         rows.advance(torch.tensor([list(chunk) for chunk in chunks]), keys, counts)
@@ -272,15 +272,15 @@ class FastDecoder:
                 window_blocks,
                 *tables,
             )
-            if self.batch_step is not None:
-                return self._c_step(inputs)
+            if self.c_pass is not None:
+                return self._run_in_c(inputs)
             return self._torch_step(inputs)
 
-    def _c_step(self, inputs: StepInputs) -> Tensor:
+    def _run_in_c(self, inputs: StepInputs) -> Tensor:
         """The step in C, after the torch step's own prelude (embedding, tables, bias)."""
-        assert self.batch_step is not None
+        assert self.c_pass is not None
         hidden, rope, bias = step_prelude(self.shape, self.weights, inputs)
-        return self.batch_step(hidden, rope, bias, inputs.window_blocks, inputs.positions)
+        return self.c_pass(hidden, rope, bias, inputs.window_blocks, inputs.positions)
 
     def _torch_step(self, inputs: StepInputs) -> Tensor:
         """The torch step, compiled or not. Batch size and table count vary without recompiling
@@ -318,14 +318,14 @@ class FastDecoder:
         return self._tables[1]
 
 
-def _batch_step(model: Transformer, pool: PagedKVCache, weights: StepWeights) -> batch_step.BatchStep:
+def _c_batch_pass(model: Transformer, pool: PagedKVCache, weights: StepWeights) -> batch_pass.BatchPass:
     """The C step over the model's weights as `pack_weights(..., packed=True)` laid them out."""
     layers = [
         (layer.attn_norm, layer.qkv, layer.qkv_bias, layer.o_proj, layer.mlp_norm, layer.gate_up, layer.down)
         for layer in weights.layers
     ]
     final = weights.final_norm, weights.lm_head
-    return batch_step.BatchStep(model.config, layers, *final, pool.keys, pool.values)
+    return batch_pass.BatchPass(model.config, layers, *final, pool.keys, pool.values)
 
 
 def _two_or_more(tables: StepTables) -> dict[str, Tensor]:

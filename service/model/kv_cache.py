@@ -95,10 +95,6 @@ class KVCache:
         )
 
     @property
-    def batch_size(self) -> int:
-        return len(self.lengths)
-
-    @property
     def capacity(self) -> int:
         return self.tokens.shape[1]
 

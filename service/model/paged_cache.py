@@ -165,10 +165,6 @@ class PagedRows:
     def table_keys(self) -> list[Hashable]:
         return [row.table_key for row in self.rows]
 
-    @property
-    def batch_size(self) -> int:
-        return len(self.rows)
-
     def reserve(self, new_tokens: int) -> None:
         """Work out, once per pass, where the next `new_tokens` of every row go."""
         device = self.block_table.device

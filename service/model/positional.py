@@ -109,10 +109,10 @@ class _Row:
 class PositionalEncoding(nn.Module):
     """Holds the scheme's trainable tables (learned positions, T5 buckets) and builds the inputs."""
 
-    def __init__(self, config: ModelConfig, cache: PECache) -> None:
+    def __init__(self, config: ModelConfig, pe_cache: PECache) -> None:
         super().__init__()
         self.config = config
-        self.cache = cache
+        self.pe_cache = pe_cache  # the process's table cache (pe_runtime), not a KV store
         self.default_scaling = default_scaling(config)
         self.learned_table = (
             nn.Embedding(config.native_context, config.d_model) if config.pe == "learned" else None
@@ -174,7 +174,7 @@ class PositionalEncoding(nn.Module):
             causal=mask is None and not sees_all,
             relative=relative_inputs(
                 self.config,
-                self.cache,
+                self.pe_cache,
                 query_positions,
                 [row.past for row in rows],
                 [_linear_factor(row.scaling) for row in rows],
@@ -207,7 +207,7 @@ class PositionalEncoding(nn.Module):
             index, absolute = self._step_absolute(scalings, table_lengths, window, device, dtype)
         slopes = self.alibi_slopes(device) if pe in ("alibi", "rope_alibi") else None
         buckets = (
-            self.cache.t5_buckets(
+            self.pe_cache.t5_buckets(
                 window,
                 bidirectional=False,
                 num_buckets=self.config.t5_num_buckets,
@@ -233,7 +233,7 @@ class PositionalEncoding(nn.Module):
         for row, key in enumerate(keys):
             first_row.setdefault(key, row)
         tables = [
-            self.cache.rope(
+            self.pe_cache.rope(
                 self.config.rotary_dim,
                 self.config.rope_base,
                 key[0],
@@ -302,7 +302,7 @@ class PositionalEncoding(nn.Module):
         tables: dict[tuple[RopeScaling, Hashable], RopeTables] = {}
         for key, length in zip(row_keys, (row.table_length for row in rows), strict=True):
             if key not in tables:
-                tables[key] = self.cache.rope(
+                tables[key] = self.pe_cache.rope(
                     self.config.rotary_dim,
                     self.config.rope_base,
                     key[0],
@@ -319,7 +319,7 @@ class PositionalEncoding(nn.Module):
     def alibi_slopes(self, device: torch.device) -> Tensor:
         """The model's ALiBi slopes [n_heads], float32: its rule and steepest slope, then its scale."""
         config = self.config
-        slopes = self.cache.alibi_slopes(
+        slopes = self.pe_cache.alibi_slopes(
             config.n_heads,
             device=device,
             dtype=torch.float32,
@@ -337,7 +337,7 @@ class PositionalEncoding(nn.Module):
             bias = alibi_bias(slopes, query_positions.flatten(), key_positions)  # [H, R * Tq, Tk]
             return bias.view(-1, rows, length, key_length).transpose(0, 1).to(dtype)
         if self.t5_table is not None:
-            buckets = self.cache.t5_buckets(
+            buckets = self.pe_cache.t5_buckets(
                 key_length,
                 bidirectional=False,
                 num_buckets=self.config.t5_num_buckets,
@@ -366,7 +366,7 @@ class PositionalEncoding(nn.Module):
     def _absolute_table(self, factor: float, needed: int, device: torch.device) -> Tensor:
         """A table of at least `needed` rows, read at position / factor (linear interpolation)."""
         if self.learned_table is None:
-            return self.cache.sinusoidal(
+            return self.pe_cache.sinusoidal(
                 needed, self.config.d_model, device=device, dtype=torch.float32, factor=factor
             )
         table = self.learned_table.weight

@@ -7,7 +7,7 @@ Four backends produce served logits:
   a row rerun alone after a failed pass).
 - `compiled`: `decode_step.decode_one_token` under Inductor, one entry per window bucket.
 - `cuda_graphs`: that compiled step captured as CUDA graphs, one per window and batch bucket.
-- `c`: the whole step, and prompt chunks, as one C call (`kernels/batch_step.c`).
+- `c`: the whole step, and prompt chunks, as one C call (`kernels/batch_pass.c`).
 
 `choose_backend` decides from the device, the dtype, torch's intra-op threads and whether a
 compiler is there, and says why; the engine logs the choice at start-up and reports it per model
@@ -26,7 +26,7 @@ import torch
 
 from service.model.config import ModelConfig
 from service.model.decode_step import unsupported_by_fast_step
-from service.model.kernels import batch_step
+from service.model.kernels import batch_pass
 
 
 class Backend(StrEnum):
@@ -65,7 +65,7 @@ def choose_backend(
         return BackendChoice(Backend.EAGER, f"the fast step cannot run it: {unsupported}")
     if device.type == "cuda":
         return BackendChoice(Backend.CUDA_GRAPHS, "a CUDA device: the compiled step, captured")
-    if device.type == "cpu" and dtype == torch.float32 and threads == 1 and batch_step.available():
+    if device.type == "cpu" and dtype == torch.float32 and threads == 1 and batch_pass.available():
         return BackendChoice(Backend.C, "float32 on a CPU with one torch thread")
     if device.type == "cpu" and not cxx_compiler():
         return BackendChoice(Backend.EAGER, "no C++ compiler for Inductor on this machine")

@@ -68,7 +68,7 @@ def finish_reason(result: GenerationResult) -> ClientFinishReason:
 
 def token_text(engine: Engine, model: str) -> TokenText:
     def text(token: int) -> str:
-        return engine.decode(model, [token])
+        return engine.detokenize(model, [token])
 
     return text
 

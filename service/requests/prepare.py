@@ -67,6 +67,6 @@ def input_tokens(
     engine: Engine, model: ModelInfo, given: str | list[int], *, field: str, minimum: int = 1
 ) -> tuple[int, ...]:
     """Text encoded as a document (BOS first), or token ids checked against the vocabulary."""
-    tokens = tuple(engine.encode(model.name, given)) if isinstance(given, str) else tuple(given)
+    tokens = tuple(engine.tokenize(model.name, given)) if isinstance(given, str) else tuple(given)
     check_tokens(model, tokens, field=field, minimum=minimum)
     return tokens

@@ -270,8 +270,8 @@ def test_resolve_model_by_name_or_scheme(make_tiny_checkpoint: TinyCheckpointFac
             engine.resolve_model(None, "t5_bias")
         with pytest.raises(InvalidRequestError):
             engine.resolve_model("tiny-rope", "alibi")
-        assert engine.encode("tiny-rope", "hi") == [256, 104, 105]
-        assert engine.decode("tiny-rope", [256, 104, 105, 257]) == "hi"
+        assert engine.tokenize("tiny-rope", "hi") == [256, 104, 105]
+        assert engine.detokenize("tiny-rope", [256, 104, 105, 257]) == "hi"
 
 
 def test_requests_for_different_models_run_side_by_side(make_tiny_checkpoint: TinyCheckpointFactory) -> None:

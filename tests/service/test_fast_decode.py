@@ -20,7 +20,7 @@ from service.engine.core import DecodeSettings
 from service.engine.engine import InferenceEngine, load_models
 from service.engine.types import GenerationRequest, GenerationResult, SamplingParams
 from service.model.fast_decode import FastDecoder
-from service.model.kernels import batch_step
+from service.model.kernels import batch_pass
 from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows
 from service.model.refresh import recompute_row, stale_rows
 from service.model.step_backend import Backend
@@ -132,7 +132,7 @@ def test_reference_step_equals_the_full_pass(
     overrides = dict(overrides)  # the case's own dict is shared by both paths
     kernel = path == "kernels"
     if kernel:
-        require_kernel(batch_step.available, "batch step")
+        require_kernel(batch_pass.available, "batch step")
     heads = {"head_dim_override": WIDE_HEAD} if kernel else {}
     if kernel:
         wide = {id(narrow): WIDE_SCALINGS[name] for name, narrow in SCALINGS.items()}
@@ -159,7 +159,7 @@ def test_prompt_chunks_in_c_equal_the_eager_pass(
 ) -> None:
     """A second prompt chunk, rows of different pasts and counts padded to one width, run as rows of
     the C step: the same logits, row state and cached entries as the eager pass writes."""
-    require_kernel(batch_step.available, "batch step")
+    require_kernel(batch_pass.available, "batch step")
     overrides = dict(overrides)
     model = tiny_transformer(native_context=overrides.pop("native_context", NATIVE), **overrides)
     decoder = FastDecoder(model, pool_for(model), Backend.C, max_window=128)
@@ -211,8 +211,8 @@ def test_prompt_chunks_in_c_equal_the_eager_pass(
 def test_prompt_chunks_past_the_window_or_off_the_c_backend_run_eager() -> None:
     model = tiny_transformer(native_context=NATIVE, pe="rope")
     compiled = FastDecoder(model, pool_for(model), Backend.COMPILED, inductor=False)
-    assert compiled.batch_step is None and not compiled.prefills([0], [8])
-    require_kernel(batch_step.available, "batch step")
+    assert compiled.c_pass is None and not compiled.prefills([0], [8])
+    require_kernel(batch_pass.available, "batch step")
     decoder = FastDecoder(model, pool_for(model), Backend.C, max_window=64)
     assert decoder.prefills([40, 0], [24, 5]) and not decoder.prefills([40, 0], [25, 5])
 

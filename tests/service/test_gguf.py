@@ -216,7 +216,7 @@ def test_smollm2_tokenizes_and_templates_like_transformers(smollm2: Any) -> None
     import pydoc_data.topics
 
     text = "\n".join(pydoc_data.topics.topics.values())[:6000] + " 12345 ünïcode 😀"
-    assert engine.encode(path.stem, text) == tokenizer(text)["input_ids"]
+    assert engine.tokenize(path.stem, text) == tokenizer(text)["input_ids"]
     info = engine.tokenizer_info(path.stem)
     assert info.chat_template == tokenizer.chat_template
     assert (info.bos_token, info.eos_token) == (tokenizer.bos_token, tokenizer.eos_token)

@@ -123,7 +123,7 @@ def test_engine_serves_a_hugging_face_directory_like_generate(tmp_path: Path, ca
     engine.start()
     words = [5, 17, 42, 3, *range(48, 44 + prompt_length)]  # never 0, the pad id generate() masks
     try:
-        prompt = engine.encode("tiny-llama", " ".join(f"w{word}" for word in words))
+        prompt = engine.tokenize("tiny-llama", " ".join(f"w{word}" for word in words))
         assert prompt == words
         request = GenerationRequest(
             request_id="hf",

@@ -15,7 +15,7 @@ SOURCES = sorted(Path(build.__file__).parent.glob("*.c"))
 
 
 def test_every_kernel_source_is_found() -> None:
-    assert {source.stem for source in SOURCES} == {"batch_step", "packed_linear", "paged_attention"}
+    assert {source.stem for source in SOURCES} == {"batch_pass", "packed_linear", "paged_attention"}
 
 
 def test_a_compiler_that_fails_is_reported_with_its_message(
@@ -63,8 +63,8 @@ def test_an_edited_neighbour_builds_a_new_library(tmp_path: Path, monkeypatch: p
     sources.mkdir()
     for path in Path(build.__file__).parent.glob("*.[ch]"):
         (sources / path.name).write_bytes(path.read_bytes())
-    built = [build.built_library(sources / "batch_step.c")]
+    built = [build.built_library(sources / "batch_pass.c")]
     for neighbour in ("vec16.h", "paged_attention.c"):
         (sources / neighbour).write_text((sources / neighbour).read_text() + "\n/* edited */\n")
-        built.append(build.built_library(sources / "batch_step.c"))
+        built.append(build.built_library(sources / "batch_pass.c"))
     assert len(set(built)) == 3 and all(library.exists() for library in built)

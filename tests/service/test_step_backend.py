@@ -14,7 +14,7 @@ from service.engine.config import EngineConfig
 from service.engine.core import DecodeSettings
 from service.engine.types import GenerationRequest, GenerationResult, SamplingParams
 from service.model.config import ModelConfig
-from service.model.kernels import batch_step
+from service.model.kernels import batch_pass
 from service.model.step_backend import Backend, choose_backend, cxx_compiler
 from tests.conftest import TinyCheckpointFactory, tiny_transformer
 from tests.kernels import require_kernel
@@ -54,7 +54,7 @@ def test_a_cuda_device_replays_graphs() -> None:
 
 
 def test_one_thread_in_float32_runs_in_c_and_anything_else_compiles() -> None:
-    require_kernel(batch_step.available, "batch step")
+    require_kernel(batch_pass.available, "batch step")
     assert chosen(config()) is Backend.C
     if cxx_compiler() is None:
         pytest.skip("no C++ compiler for Inductor here")

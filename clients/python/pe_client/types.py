@@ -168,7 +168,7 @@ class ModelInfo(_Response):
     parameters: int
     device: str
     dtype: str
-    backend: str | None = None  # the decode path: eager, compiled, cuda_graphs or c (None: older servers)
+    backend: str  # the decode path its steps run on: eager, compiled, cuda_graphs or c
 
 
 class ModelList(_Response):

@@ -62,7 +62,7 @@ async def chat_completions(
     prompt = render_chat(
         model.name, engine.tokenizer_info(model.name), [m.for_template() for m in body.messages]
     )
-    tokens = tuple(engine.encode(model.name, prompt, add_special_tokens=False))
+    tokens = tuple(engine.tokenize(model.name, prompt, add_special_tokens=False))
     max_tokens = body.max_completion_tokens or body.max_tokens or max(model.max_context - len(tokens), 1)
     check_room(model, len(tokens), field="messages", new_tokens=max_tokens, new_tokens_field="max_tokens")
     response_id = f"chatcmpl-{uuid.uuid4().hex}"

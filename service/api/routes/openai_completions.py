@@ -119,7 +119,7 @@ def _plan(engine: Engine, target: Target, body: CompletionRequest, response_id: 
         check_room(
             model, len(tokens), field="prompt", new_tokens=body.max_tokens, new_tokens_field="max_tokens"
         )
-        text = given if isinstance(given, str) else engine.decode(model.name, list(tokens))
+        text = given if isinstance(given, str) else engine.detokenize(model.name, list(tokens))
         prompts.append(_Prompt(tokens=tokens, text=text))
     wants_logprobs = body.logprobs is not None
     generations = [

@@ -47,7 +47,7 @@ async def tokenize(body: TokenizeRequest, engine: EngineDep) -> TokenizeResponse
     else:
         assert body.prompt is not None
         text, special = body.prompt, body.add_special_tokens is not False
-    tokens = engine.encode(model.name, text, add_special_tokens=special)
+    tokens = engine.tokenize(model.name, text, add_special_tokens=special)
     return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=model.max_context)
 
 
@@ -55,7 +55,7 @@ async def tokenize(body: TokenizeRequest, engine: EngineDep) -> TokenizeResponse
 async def detokenize(body: DetokenizeRequest, engine: EngineDep) -> DetokenizeResponse:
     model = engine.resolve_model(body.model, None)
     tokens = input_tokens(engine, model, body.tokens, field="tokens", minimum=0)
-    return DetokenizeResponse(prompt=engine.decode(model.name, list(tokens)))
+    return DetokenizeResponse(prompt=engine.detokenize(model.name, list(tokens)))
 
 
 @router.get("/tokenizer_info", responses=error_responses(401, 404, 422, 503))

@@ -44,7 +44,7 @@ def pack_weight(weight: Tensor) -> Tensor:
 
 def packed_linear(input: Tensor, packed_weight: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
     """float32 [..., N]: `F.linear(input, weight, bias)` with the weight as `pack_weight` packed it.
-    CPU only; `available()` says whether it can run. The batch step (`batch_step.c`) calls the same
+    CPU only; `available()` says whether it can run. The batch step (`batch_pass.c`) calls the same
     C function; this binding is the kernel's own, for its tests."""
     kernel = _kernel()
     if kernel is None:

@@ -49,7 +49,7 @@ def paged_decode_attention(
     """float32 [B, H, hd]: each row's query over its keys 0..position, after writing its new key and
     value at position. `bias` [B, H, W] is added to the scaled scores (the causal mask needs none:
     later keys are never read). CPU only; `available()` says whether it can run. The batch step
-    (`batch_step.c`) calls the same C function; this binding is the kernel's own, for its tests."""
+    (`batch_pass.c`) calls the same C function; this binding is the kernel's own, for its tests."""
     kernel = _kernel()
     if kernel is None:
         raise RuntimeError("the paged attention kernel is not available on this machine")

@@ -55,10 +55,10 @@ class _FailsAfterFirstToken:
 class FaultyEngine(InferenceEngine):
     """The real engine, with a bug planted in `encode` and a failing stream for seed 13."""
 
-    def encode(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
+    def tokenize(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
         if text == PLANTED_PROMPT:
             raise RuntimeError(f"planted bug in {PLANTED_DETAIL}")
-        return super().encode(model, text, add_special_tokens=add_special_tokens)
+        return super().tokenize(model, text, add_special_tokens=add_special_tokens)
 
     # The Engine protocol returns a RequestHandle; InferenceEngine narrows it to its own class.
     def submit(self, request: GenerationRequest | ScoringRequest) -> RequestHandle:  # type: ignore[override]

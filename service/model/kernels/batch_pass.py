@@ -1,4 +1,5 @@
-"""A batch's whole decode step on a CPU as one C call (`batch_step.c`), set up once per model.
+"""A batch's whole pass on a CPU as one C call (`batch_pass.c`), set up once per model: a decode
+pass (one token per row) or a prompt chunk (each of its tokens a row).
 
 Run as torch ops inside a compiled graph, the step's 21 kernel calls (17 products, 4 attentions)
 each paid a dispatch, and the graph its guards and wrappers: at 16 rows of a zoo model, 0.4-0.5 ms
@@ -20,29 +21,29 @@ from torch import Tensor
 from service.model.config import ModelConfig
 from service.model.kernels.build import kernel_function
 
-_SOURCE = Path(__file__).with_name("batch_step.c")
+_SOURCE = Path(__file__).with_name("batch_pass.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_STEP_ARGUMENTS = (_P,) * 13 + (_I,) * 13 + (ctypes.c_float,)
+_PASS_ARGUMENTS = (_P,) * 13 + (_I,) * 13 + (ctypes.c_float,)
 _WORKSPACE_ARGUMENTS = (_I,) * 7
 
 
 def available() -> bool:
     """Whether the kernel is built and loaded in this process (built now if it was not)."""
-    return _step() is not None
+    return _pass() is not None
 
 
-def _step() -> Any:
-    return kernel_function(_SOURCE, "batch_decode_step", _STEP_ARGUMENTS)
+def _pass() -> Any:
+    return kernel_function(_SOURCE, "batch_pass", _PASS_ARGUMENTS)
 
 
 def _workspace_floats() -> Any:
-    function = kernel_function(_SOURCE, "batch_step_workspace", _WORKSPACE_ARGUMENTS)
+    function = kernel_function(_SOURCE, "batch_pass_workspace", _WORKSPACE_ARGUMENTS)
     if function is not None:
         function.restype = ctypes.c_int64
     return function
 
 
-class BatchStep:
+class BatchPass:
     """One model's step over its pool. `layers` holds each layer's attn_norm, qkv (packed),
     qkv_bias or None, o_proj (packed), mlp_norm, gate_up (packed) and down (packed); the matrices
     come from `packed_linear.pack_weight`."""
@@ -79,7 +80,7 @@ class BatchStep:
     ) -> Tensor:
         """Logits float32 [B, V] from the embedded rows `hidden` [B, D] (overwritten), each row's
         rotary tables at its position ([B, rotary_dim] each) and the scores' bias [B, H, W]."""
-        step, workspace_floats = _step(), _workspace_floats()
+        step, workspace_floats = _pass(), _workspace_floats()
         if step is None or workspace_floats is None:
             raise RuntimeError("the batch step kernel is not available on this machine")
         config = self.config

@@ -1,6 +1,6 @@
 /*
- * A whole decode step of a batch of rows on a CPU, in one call: every layer's norms, projections,
- * rotary embedding, attention over the paged pool and MLP, then the final norm and the logits.
+ * A whole pass over a batch of rows on a CPU (a decode pass, or a prompt chunk's tokens as rows),
+ * in one call: every layer's norms, projections, rotary embedding, attention over the paged pool and MLP, then the final norm and the logits.
  *
  * The products and the attention are the kernels of `packed_linear.c` and `paged_attention.c`,
  * included here; what this adds is running them back to back without returning to Python. Called
@@ -17,14 +17,14 @@
  *   key_pages / value_pages  per layer, [Hkv, NB, BS, hd]: each row's new entries are written
  *   window_blocks [B, nb], positions [B]   as for `paged_decode_attention`
  *   final_norm [D], lm_head (packed, N = V); logits [B, V] out
- *   workspace    `batch_step_workspace(...)` floats
+ *   workspace    `batch_pass_workspace(...)` floats
  */
 #include "packed_linear.c"
 #include "paged_attention.c"
 
 #define LAYER_TENSORS 7
 
-int64_t batch_step_workspace(int64_t batch, int64_t d_model, int64_t heads, int64_t kv_heads, int64_t head_dim,
+int64_t batch_pass_workspace(int64_t batch, int64_t d_model, int64_t heads, int64_t kv_heads, int64_t head_dim,
                              int64_t ffn, int64_t window) {
     int64_t qkv = (heads + 2 * kv_heads) * head_dim;
     return batch * (2 * d_model + qkv + heads * head_dim + 3 * ffn) + window;
@@ -85,7 +85,7 @@ static void add_rows(float *restrict into, const float *restrict values, int64_t
     for (int64_t i = 0; i < count; i++) into[i] += values[i];
 }
 
-void batch_decode_step(float *hidden, const float *rope_cos, const float *rope_sin, const float *bias,
+void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, const float *bias,
                        const float *const *layers, float *const *key_pages, float *const *value_pages,
                        const int64_t *window_blocks, const int64_t *positions, const float *final_norm,
                        const float *lm_head, float *logits, float *workspace, int64_t batch, int64_t n_layers,
