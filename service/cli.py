@@ -121,9 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
-        help="the fast decode step: one C call per step on a CPU in float32 with one torch thread, "
-        "else compiled at start-up with torch.compile, and captured as CUDA graphs on a GPU "
-        "(default: off)",
+        help="open the fast step backends: 'c' (one C call per pass, a CPU in float32 with one "
+        "torch thread), else 'compiled' (torch.compile at start-up) or 'cuda_graphs' on a GPU; the "
+        "start-up log and /models say which runs (default: off, every model 'eager')",
     )
     parser.add_argument(
         "--compile-max-window",

@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     )
     compile: bool = Field(
         default=False,
-        description="Compile the decode step at start-up (torch.compile; minutes on a small CPU host).",
+        description="Open the fast step backends (c, compiled, cuda_graphs; docs/decode.md): start-up cost.",
     )
     compile_max_window: int = Field(
         default=512,

@@ -19,15 +19,14 @@ from service.requests.convert import (
     top_logprob_entries,
     usage,
 )
+from service.requests.responses import TopLogprobEntry
 
 
 def token_chunk(event: TokenEvent, text: TokenText) -> pb.GenerateResponse:
     """One token; its alternatives (when asked for) are the very entries an SSE event carries."""
-    alternatives = (
-        [pb.TopLogprob(**entry.model_dump()) for entry in top_logprob_entries(event.top_logprobs, text)]
-        if event.top_logprobs is not None
-        else None
-    )
+    alternatives = None
+    if event.top_logprobs is not None:
+        alternatives = _alternatives(top_logprob_entries(event.top_logprobs, text))
     chunk = pb.TokenChunk(
         token=event.token, text=event.text, logprob=event.logprob, top_logprobs=alternatives
     )
@@ -52,9 +51,9 @@ def pe_message(pe: PEInfo) -> pb.PEBlock:
     return pb.PEBlock(**block.model_dump(exclude={"scaling"}), scaling=scaling)
 
 
-def score_message(request_id: str, model: str, result: ScoreResult) -> pb.ScoreResponse:
-    """As `/score` answers, but without the leading null: the first token has no log-probability."""
-    body = score_response(model, result)
+def score_message(request_id: str, model: str, result: ScoreResult, text: TokenText) -> pb.ScoreResponse:
+    """As `/score` answers, but without the leading nulls: the first token has no log-probability."""
+    body = score_response(model, result, text)
     return pb.ScoreResponse(
         id=request_id,
         model=body.model,
@@ -63,7 +62,16 @@ def score_message(request_id: str, model: str, result: ScoreResult) -> pb.ScoreR
         total_logprob=body.total_logprob,
         perplexity=body.perplexity,
         num_tokens=body.num_tokens,
+        top_logprobs=[
+            pb.TokenAlternatives(alternatives=_alternatives(entries))
+            for entries in (body.top_logprobs or [])[1:]
+            if entries is not None
+        ],
     )
+
+
+def _alternatives(entries: list[TopLogprobEntry]) -> list[pb.TopLogprob]:
+    return [pb.TopLogprob(**entry.model_dump()) for entry in entries]
 
 
 def models_message(infos: list[ModelInfo]) -> pb.ListModelsResponse:

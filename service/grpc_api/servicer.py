@@ -23,7 +23,6 @@ from typing import Any
 
 import grpc
 
-from service.engine.catalog import MIN_SCORED_TOKENS
 from service.engine.types import GenerationResult, ScoreResult, TokenEvent
 from service.grpc_api import pe_serve_pb2 as pb
 from service.grpc_api.codec import parse_request, request_fields
@@ -32,11 +31,11 @@ from service.grpc_api.status import REQUEST_ID_KEY, status_code, trailing_metada
 from service.logs import request_id_var
 from service.requests.auth import CLIENT_REQUEST_ID, bearer_authorized
 from service.requests.bodies import GenerateRequest, ScoreRequest
-from service.requests.build import generate_job, scoring_request
+from service.requests.build import generate_job, score_job
 from service.requests.convert import token_text
 from service.requests.errors import ErrorKind, RequestError, as_request_error
 from service.requests.metrics import ServiceMetrics
-from service.requests.prepare import prepare_input
+from service.requests.prepare import prepare_input, prepare_scored
 from service.requests.running import REQUEST_ID_FIELD, FirstTokenTimer, RunningRequests
 from service.requests.state import ServiceState
 
@@ -101,13 +100,12 @@ class PEServeServicer:
             fields = self._take_request_id(call, request_fields(message), prefix="score")
             body = ScoreRequest.model_validate(fields)
             engine = self._state.engine_for_request()
-            prepared = prepare_input(engine, body, new_tokens=0, min_tokens=MIN_SCORED_TOKENS)
-            job = scoring_request(call.request_id, prepared.target, prepared.tokens)
+            job = score_job(call.request_id, body, prepare_scored(engine, body))
             with self._running.submitted(engine, job) as running:
                 async for event in running.handle:
                     if isinstance(event, ScoreResult):
                         running.finished = True
-                        return score_message(call.request_id, job.model, event)
+                        return score_message(call.request_id, job.model, event, token_text(engine, job.model))
             raise RuntimeError(f"request {call.request_id} ended without a result")
 
     async def list_models(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:

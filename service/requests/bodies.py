@@ -49,4 +49,4 @@ class GenerateRequest(InferenceInput, SamplingControls):
 
 
 class ScoreRequest(InferenceInput):
-    pass
+    top_logprobs: TopLogprobsCount = 0

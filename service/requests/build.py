@@ -8,7 +8,7 @@ their own shapes name differently (`max_tokens` against `max_new_tokens`, `n` ch
 from __future__ import annotations
 
 from service.engine.types import GenerationRequest, SamplingParams, ScoringRequest
-from service.requests.bodies import GenerateRequest
+from service.requests.bodies import GenerateRequest, ScoreRequest
 from service.requests.prepare import PreparedInput, Target
 from service.requests.sampling import MAX_SEED, SamplingControls
 
@@ -70,6 +70,11 @@ def generate_job(
         top_logprobs=body.top_logprobs,
         stream=stream,
     )
+
+
+def score_job(request_id: str, body: ScoreRequest, prepared: PreparedInput) -> ScoringRequest:
+    """The scoring a `/score` body or a gRPC `Score` asks for."""
+    return scoring_request(request_id, prepared.target, prepared.tokens, top_logprobs=body.top_logprobs)
 
 
 def scoring_request(

@@ -101,7 +101,7 @@ def generate_response(
     )
 
 
-def score_response(model: str, result: ScoreResult) -> ScoreResponse:
+def score_response(model: str, result: ScoreResult, text: TokenText) -> ScoreResponse:
     predicted = len(result.tokens) - 1
     return ScoreResponse(
         model=model,
@@ -110,6 +110,11 @@ def score_response(model: str, result: ScoreResult) -> ScoreResponse:
         total_logprob=result.total_logprob,
         perplexity=math.exp(-result.total_logprob / predicted),
         num_tokens=len(result.tokens),
+        top_logprobs=(
+            [top_logprob_entries(at, text) if at is not None else None for at in result.top_logprobs]
+            if result.top_logprobs is not None
+            else None
+        ),
     )
 
 

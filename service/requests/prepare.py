@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pe_runtime import RopeScaling
-from service.engine.catalog import check_room, check_scaling_supported, check_tokens
+from service.engine.catalog import MIN_SCORED_TOKENS, check_room, check_scaling_supported, check_tokens
 from service.engine.types import Engine, ModelInfo
 from service.requests.bodies import InferenceInput, ModelSelection
 from service.requests.errors import ErrorKind, RequestError
@@ -61,6 +61,11 @@ def prepare_input(
     tokens = input_tokens(engine, target.model, given, field=field, minimum=min_tokens)
     check_room(target.model, len(tokens), field=field, new_tokens=new_tokens)
     return PreparedInput(target=target, tokens=tokens)
+
+
+def prepare_scored(engine: Engine, body: InferenceInput) -> PreparedInput:
+    """A text to score: `MIN_SCORED_TOKENS` at least (the first has no prefix), nothing generated."""
+    return prepare_input(engine, body, new_tokens=0, min_tokens=MIN_SCORED_TOKENS)
 
 
 def input_tokens(

@@ -90,6 +90,10 @@ class ScoreResponse(BaseModel):
     total_logprob: float
     perplexity: float
     num_tokens: int
+    top_logprobs: list[list[TopLogprobEntry] | None] | None = Field(
+        None,
+        description="With `top_logprobs` > 0: per token, its most likely alternatives; the first is null.",
+    )
 
 
 class ModelCard(BaseModel):

@@ -185,6 +185,26 @@ def test_score_of_tokens_is_as_given(client: SyncClient) -> None:
     assert scored.tokens == [104, 105, 106] and scored.model == "tiny-alibi"
 
 
+def test_score_reports_the_alternatives_asked_for(client: SyncClient) -> None:
+    """A greedy continuation's tokens are the most likely at their positions, so each is its
+    position's first alternative, with the log-probability the score gives it."""
+    prompt = [104, 105, 106, 107]
+    generated = client.generate(tokens=prompt, max_new_tokens=6, temperature=0.0, ignore_eos=True)
+    tokens = prompt + generated.tokens
+    scored = client.score(tokens=tokens, top_logprobs=3)
+    assert scored.top_logprobs is not None and len(scored.top_logprobs) == len(tokens)
+    assert scored.top_logprobs[0] is None
+    for position in range(1, len(tokens)):
+        alternatives, logprob = scored.top_logprobs[position], scored.token_logprobs[position]
+        assert alternatives is not None and logprob is not None and len(alternatives) == 3
+        values = [alternative.logprob for alternative in alternatives]
+        assert values == sorted(values, reverse=True) and logprob <= values[0] + 1e-5
+        if position >= len(prompt):
+            assert alternatives[0].token == tokens[position]
+            assert alternatives[0].logprob == pytest.approx(logprob, abs=1e-4)
+    assert client.score(tokens=tokens).top_logprobs is None
+
+
 def test_health_is_live_and_ready(client: SyncClient) -> None:
     health = client.health()
     assert health.live and health.ready

@@ -405,6 +405,14 @@ CASES = [
         "score one token", 422, "tokens", {"tokens": [5]}, drop=("prompt", "max_new_tokens"), path="/score"
     ),
     BadRequest(
+        "score top_logprobs above 20",
+        422,
+        "top_logprobs",
+        {"tokens": [5, 6], "top_logprobs": 21},
+        drop=("prompt", "max_new_tokens"),
+        path="/score",
+    ),
+    BadRequest(
         "score with generation field",
         422,
         "max_new_tokens",

@@ -37,13 +37,15 @@ class _Response(BaseModel):
 
 
 class ScoreRequest(_Request):
-    """Score `prompt` or `tokens` (exactly one): log-probability of each token given its prefix."""
+    """Score `prompt` or `tokens` (exactly one): log-probability of each token given its prefix;
+    `top_logprobs` (0..20) also asks for that many alternatives at every position."""
 
     prompt: str | None = None
     tokens: list[int] | None = None
     model: str | None = None
     pe: Scheme | None = None
     pe_scaling: PEScaling | None = None
+    top_logprobs: int | None = None
 
 
 class GenerateRequest(ScoreRequest):
@@ -63,7 +65,6 @@ class GenerateRequest(ScoreRequest):
     stop: list[str] | None = None
     stream: bool | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -80,6 +81,7 @@ class ScoreParams(TypedDict, total=False):
     model: str
     pe: Scheme
     pe_scaling: PEScaling | dict[str, object]
+    top_logprobs: int
 
 
 class GenerateParams(ScoreParams, total=False):
@@ -93,7 +95,6 @@ class GenerateParams(ScoreParams, total=False):
     seed: int
     stop: list[str]
     logprobs: bool
-    top_logprobs: int
     repetition_penalty: float
     presence_penalty: float
     frequency_penalty: float
@@ -157,6 +158,7 @@ class ScoreResponse(_Response):
     total_logprob: float
     perplexity: float
     num_tokens: int
+    top_logprobs: list[list[TopLogprob] | None] | None = None  # asked for: the first is None
 
 
 class ModelInfo(_Response):

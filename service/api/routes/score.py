@@ -12,12 +12,11 @@ from service.api.errors import CLIENT_CLOSED_REQUEST
 from service.api.handles import ClientDisconnectedError, final_result
 from service.api.openapi import INFERENCE_ERRORS, scaling_examples
 from service.api.responses import json_response
-from service.engine.catalog import MIN_SCORED_TOKENS
 from service.engine.types import ScoreResult
 from service.requests.bodies import ScoreRequest
-from service.requests.build import scoring_request
-from service.requests.convert import score_response
-from service.requests.prepare import prepare_input
+from service.requests.build import score_job
+from service.requests.convert import score_response, token_text
+from service.requests.prepare import prepare_scored
 from service.requests.responses import ScoreResponse
 
 router = APIRouter(tags=["inference"], dependencies=[Depends(require_json)])
@@ -30,11 +29,11 @@ async def score(
     body: Annotated[ScoreRequest, Body(openapi_examples=SCORE_EXAMPLES)], request: Request, engine: EngineDep
 ) -> Response:
     """Score `prompt` (tokenized as for generation) or `tokens` (as given, no BOS added)."""
-    prepared = prepare_input(engine, body, new_tokens=0, min_tokens=MIN_SCORED_TOKENS)
-    job = scoring_request(f"score-{uuid.uuid4().hex}", prepared.target, prepared.tokens)
+    job = score_job(f"score-{uuid.uuid4().hex}", body, prepare_scored(engine, body))
     handle = engine.submit(job)
     try:
         result = await final_result(handle, ScoreResult, request.receive)
     except ClientDisconnectedError:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return json_response(score_response(job.model, result))
+    scored = score_response(job.model, result, token_text(engine, job.model))
+    return json_response(scored, omit={"top_logprobs"} if scored.top_logprobs is None else None)

@@ -129,9 +129,12 @@ def score_message(
 
 
 def score_response(message: pb.ScoreResponse) -> ScoreResponse:
-    """As `/score` answers: `token_logprobs` gets its leading None back."""
+    """As `/score` answers: `token_logprobs` (and `top_logprobs`, when asked for) get their
+    leading None back."""
     fields = response_fields(message)
     fields["token_logprobs"] = [None, *fields["token_logprobs"]]
+    alternatives = [position["alternatives"] for position in fields["top_logprobs"]]
+    fields["top_logprobs"] = [None, *alternatives] if alternatives else None
     return ScoreResponse.model_validate(fields)
 
 

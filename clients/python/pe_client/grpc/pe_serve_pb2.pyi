@@ -221,23 +221,31 @@ class Timing(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("prompt", "tokens", "model", "pe", "pe_scaling", "request_id")
+    __slots__ = ("prompt", "tokens", "model", "pe", "pe_scaling", "request_id", "top_logprobs")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PE_FIELD_NUMBER: _ClassVar[int]
     PE_SCALING_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
     model: str
     pe: str
     pe_scaling: PEScaling
     request_id: str
-    def __init__(self, prompt: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ..., pe: _Optional[str] = ..., pe_scaling: _Optional[_Union[PEScaling, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    top_logprobs: int
+    def __init__(self, prompt: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ..., pe: _Optional[str] = ..., pe_scaling: _Optional[_Union[PEScaling, _Mapping]] = ..., request_id: _Optional[str] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+
+class TokenAlternatives(_message.Message):
+    __slots__ = ("alternatives",)
+    ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
+    alternatives: _containers.RepeatedCompositeFieldContainer[TopLogprob]
+    def __init__(self, alternatives: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
-    __slots__ = ("id", "model", "tokens", "token_logprobs", "total_logprob", "perplexity", "num_tokens")
+    __slots__ = ("id", "model", "tokens", "token_logprobs", "total_logprob", "perplexity", "num_tokens", "top_logprobs")
     ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -245,6 +253,7 @@ class ScoreResponse(_message.Message):
     TOTAL_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     PERPLEXITY_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -252,7 +261,8 @@ class ScoreResponse(_message.Message):
     total_logprob: float
     perplexity: float
     num_tokens: int
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., token_logprobs: _Optional[_Iterable[float]] = ..., total_logprob: _Optional[float] = ..., perplexity: _Optional[float] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    top_logprobs: _containers.RepeatedCompositeFieldContainer[TokenAlternatives]
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., token_logprobs: _Optional[_Iterable[float]] = ..., total_logprob: _Optional[float] = ..., perplexity: _Optional[float] = ..., num_tokens: _Optional[int] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenAlternatives, _Mapping]]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
