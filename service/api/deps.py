@@ -14,6 +14,7 @@ from fastapi import Depends, Request
 from service.engine.types import Engine
 from service.requests.errors import ErrorKind, RequestError
 from service.requests.metrics import ServiceMetrics
+from service.requests.running import FirstTokenTimer
 from service.requests.state import ServiceState
 
 
@@ -36,10 +37,9 @@ async def get_request_id(request: Request) -> str:
     return request_id
 
 
-async def get_started_at(request: Request) -> float:
-    """`time.perf_counter()` when the request reached the server, for time-to-first-token."""
-    started_at: float = request.scope["state"]["started_at"]
-    return started_at
+async def get_first_token_timer(request: Request) -> FirstTokenTimer:
+    """Time-to-first-token from when the request reached the server (the middleware's clock)."""
+    return FirstTokenTimer(request.app.state.metrics, request.scope["state"]["started_at"])
 
 
 async def require_json(request: Request) -> None:
@@ -62,4 +62,4 @@ StateDep = Annotated[ServiceState, Depends(get_state)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 RequestIdDep = Annotated[str, Depends(get_request_id)]
-StartedAtDep = Annotated[float, Depends(get_started_at)]
+FirstTokenDep = Annotated[FirstTokenTimer, Depends(get_first_token_timer)]

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 
-from service.api.deps import EngineDep, MetricsDep, RequestIdDep, StartedAtDep, require_json
+from service.api.deps import EngineDep, FirstTokenDep, RequestIdDep, require_json
 from service.api.errors import CLIENT_CLOSED_REQUEST
 from service.api.handles import ClientDisconnectedError, final_result
 from service.api.openapi import INFERENCE_ERRORS, STREAM_EVENT_SCHEMA, scaling_examples
@@ -19,7 +19,6 @@ from service.requests.build import generate_job
 from service.requests.convert import generate_response, token_text
 from service.requests.prepare import prepare_input
 from service.requests.responses import GenerateResponse
-from service.requests.running import FirstTokenTimer
 
 router = APIRouter(tags=["inference"], dependencies=[Depends(require_json)])
 
@@ -56,16 +55,14 @@ async def generate(
     body: Annotated[GenerateRequest, Body(openapi_examples=GENERATE_EXAMPLES)],
     request: Request,
     engine: EngineDep,
-    metrics: MetricsDep,
     request_id: RequestIdDep,
-    started_at: StartedAtDep,
+    first_token: FirstTokenDep,
 ) -> Response:
     """Generate from `prompt` or `tokens` on the model picked by `model` / `pe`, scaled by `pe_scaling`."""
     prepared = prepare_input(engine, body, new_tokens=body.max_new_tokens)
     response_id = f"gen-{uuid.uuid4().hex}"
     job = generate_job(response_id, body, prepared, stream=body.stream)
     handle = engine.submit(job)
-    first_token = FirstTokenTimer(metrics, started_at)
     text = token_text(engine, job.model)
     if body.stream:
         events = generation_events(

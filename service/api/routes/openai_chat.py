@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import APIRouter, Depends, Request, Response
 
 from service.api.chat_template import render_chat
-from service.api.deps import EngineDep, MetricsDep, RequestIdDep, StartedAtDep, require_json
+from service.api.deps import EngineDep, FirstTokenDep, RequestIdDep, require_json
 from service.api.errors import CLIENT_CLOSED_REQUEST
 from service.api.handles import ClientDisconnectedError, final_results
 from service.api.openai_runs import cancel_all, created_now, openai_finish_reason, openai_usage, submit_all
@@ -38,7 +38,6 @@ from service.requests.build import generation_request
 from service.requests.convert import TokenText, pe_block, token_text
 from service.requests.prepare import resolve_target
 from service.requests.responses import PEBlock
-from service.requests.running import FirstTokenTimer
 
 router = APIRouter(tags=["openai"], dependencies=[Depends(require_json)])
 
@@ -52,9 +51,8 @@ async def chat_completions(
     body: ChatCompletionRequest,
     request: Request,
     engine: EngineDep,
-    metrics: MetricsDep,
     request_id: RequestIdDep,
-    started_at: StartedAtDep,
+    first_token: FirstTokenDep,
 ) -> Response:
     """OpenAI's chat completions; extension fields (`pe`, `pe_scaling`, `min_p`, ...) at the top level."""
     target = resolve_target(engine, body)
@@ -83,7 +81,6 @@ async def chat_completions(
     ]
     handles = submit_all(engine, jobs)
     text = token_text(engine, model.name)
-    first_token = FirstTokenTimer(metrics, started_at)
     if body.stream:
         events = _stream(body, handles, response_id, model.name, len(tokens), text, request_id, first_token)
         return EventStreamResponse(events, on_abort=lambda: cancel_all(handles))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from service.api.deps import EngineDep, MetricsDep, RequestIdDep, StartedAtDep, require_json
+from service.api.deps import EngineDep, FirstTokenDep, RequestIdDep, require_json
 from service.api.errors import CLIENT_CLOSED_REQUEST
 from service.api.handles import ClientDisconnectedError, final_results
 from service.api.openai_runs import cancel_all, created_now, openai_finish_reason, openai_usage, submit_all
@@ -44,7 +44,6 @@ from service.engine.types import (
 from service.requests.build import generation_request, scoring_request
 from service.requests.convert import TokenText, pe_block, token_text
 from service.requests.prepare import Target, input_tokens, resolve_target
-from service.requests.running import FirstTokenTimer
 
 router = APIRouter(tags=["openai"], dependencies=[Depends(require_json)])
 
@@ -74,9 +73,8 @@ async def completions(
     body: CompletionRequest,
     request: Request,
     engine: EngineDep,
-    metrics: MetricsDep,
     request_id: RequestIdDep,
-    started_at: StartedAtDep,
+    first_token: FirstTokenDep,
 ) -> Response:
     """OpenAI's completions; extension fields (`pe`, `pe_scaling`, `min_p`, ...) at the top level."""
     target = resolve_target(engine, body)
@@ -89,7 +87,6 @@ async def completions(
         dict(zip(score_order, handles[len(plan.generations) :], strict=True)),
     )
     text = token_text(engine, target.model.name)
-    first_token = FirstTokenTimer(metrics, started_at)
     if body.stream:
         events = _stream(
             body, plan, generations, scores, response_id, target.model.name, text, request_id, first_token
