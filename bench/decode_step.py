@@ -1,8 +1,8 @@
-"""The model alone, one decode step: the eager model vs. the compiled step and the C step.
+"""The model alone, one decode pass: the eager model vs. the compiled step and the C step.
 
 Rows of `--prompt-tokens` are prefilled into a paged KV pool, then decoded `--steps` tokens; the
 eager side is `Transformer.forward` over the pool (the engine's path without `--compile`), the
-compiled side `FastDecoder.step` with the compiled torch step, and the C side `FastDecoder.step`
+compiled side `FastDecoder.decode` with the compiled torch step, and the C side `FastDecoder.decode`
 running the C step (what the engine runs with `--compile` on a CPU in float32, one thread). All
 see the same rows, window growth and weights; runs alternate within every repeat, and ratios are
 medians of per-repeat ratios. No scheduling, sampling or HTTP: `bench.serving` measures those.
@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
+from service.model.backend import Backend, choose_backend
 from service.model.checkpoint import load_checkpoint
 from service.model.fast_decode import FastDecoder
 from service.model.paged_cache import PagedKVCache, PagedRows
-from service.model.step_backend import Backend, choose_backend
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "zoo-rope"
 DEFAULT_OUTPUT = Path(__file__).parent / "results" / "decode_step.md"
@@ -129,7 +129,7 @@ def measure(args: argparse.Namespace, batch: int) -> dict[str, float]:
 
 
 def run(decoder: FastDecoder, batch: int, args: argparse.Namespace, *, compiled: bool) -> float:
-    """Median ms of one decode step over `args.steps` steps of `batch` fresh rows, with the argmax
+    """Median ms of one decode pass over `args.steps` steps of `batch` fresh rows, with the argmax
     that reads its logits (on a GPU, where the wait for the step's work ends)."""
     model, pool = decoder.model, decoder.pool
     generator = torch.Generator().manual_seed(batch)
@@ -145,7 +145,7 @@ def run(decoder: FastDecoder, batch: int, args: argparse.Namespace, *, compiled:
         for _ in range(args.steps):
             start = time.perf_counter()
             if compiled:
-                logits = decoder.step(view, feed, [scaling] * batch)
+                logits = decoder.decode(view, feed, [scaling] * batch)
             else:
                 step_tokens = torch.tensor(feed, device=device)[:, None]
                 logits = model(step_tokens, scaling=[scaling] * batch, cache=view)[:, -1]
@@ -162,19 +162,19 @@ def report(
     command = " ".join(["python -m bench.decode_step", *sys.argv[1:]])
     c_step = all("c_step" in row for row in rows.values())
     lines = [
-        "# One decode step: the eager model vs. the compiled step and the C step",
+        "# One decode pass: the eager model vs. the compiled step and the C step",
         "",
         f"Command: `{command}`",
         "",
         f"Model: `{args.model_dir.name}`, float32, CPU ({platform.processor() or platform.machine()}), "
         f"torch {torch.__version__}, {args.threads} intra-op thread(s); load average {load}. "
-        f"Each row has a {args.prompt_tokens}-token prompt, then {args.steps} decode steps (keys "
+        f"Each row has a {args.prompt_tokens}-token prompt, then {args.steps} decode passes (keys "
         f"{args.prompt_tokens} to {args.prompt_tokens + args.steps}); ms are medians over the steps, then "
         f"over {args.repeats} alternating repeats; ratios are medians of per-repeat ratios.",
         "",
-        "Sides: the eager model (the engine without `--compile`); `FastDecoder.step` with the compiled "
+        "Sides: the eager model (the engine without `--compile`); `FastDecoder.decode` with the compiled "
         "torch step (GPUs, other dtypes, more threads); and, where it applies (a float32 pool on one "
-        "torch thread), `FastDecoder.step` running the whole step as one C call "
+        "torch thread), `FastDecoder.decode` running the whole step as one C call "
         "(`service/model/kernels/batch_pass.c`), which is what the engine runs with `--compile` here. "
         "The two decoders share the model and the pool in one process; two decoders side by side "
         "once gave identical code 0.64-0.86x of each other here, so read their ratio with that margin.",

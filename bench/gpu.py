@@ -1,10 +1,10 @@
-"""The decode step and the serving path on a GPU: `bench/results/gpu.md`.
+"""The decode pass and the serving path on a GPU: `bench/results/gpu.md`.
 
 One prepared run for a lent GPU machine, sized to finish in a few minutes (a session's device time
 includes the machine's start). Two tables:
 
-1. ms per decode step at batch 1, 16 and 64 on the same weights and GPU: the eager model
-   (`Transformer.forward` over the paged pool, the engine without `--compile`); `FastDecoder.step`
+1. ms per decode pass at batch 1, 16 and 64 on the same weights and GPU: the eager model
+   (`Transformer.forward` over the paged pool, the engine without `--compile`); `FastDecoder.decode`
    replaying CUDA graphs of the torch step, compiled (what the engine runs with `--compile` on a
    GPU) and uncompiled; and transformers' `generate()`, whose step is
    (T(1 + steps new tokens) - T(1 new token)) / steps, so its prefill is not counted. The sides
@@ -12,7 +12,7 @@ includes the machine's start). Two tables:
 2. `--clients` concurrent clients through HTTP against the server on the GPU (`--compile`) vs. a
    static `generate()` batch of as many prompts, tok/s, taking turns.
 
-The goal is at most 0.15 ms per decode step at batch 1. Run (on the GPU machine):
+The goal is at most 0.15 ms per decode pass at batch 1. Run (on the GPU machine):
 
     python -m bench.gpu [--dtype bfloat16] [--batches 1 16 64] [--repeats 5] [--clients 16]
 
@@ -58,10 +58,10 @@ from bench.throughput import (
     timed_generate,
 )
 from service.engine.models import resolve_dtype
+from service.model.backend import Backend
 from service.model.checkpoint import load_checkpoint
 from service.model.fast_decode import FastDecoder
 from service.model.paged_cache import PagedKVCache
-from service.model.step_backend import Backend
 
 DEFAULT_OUTPUT = Path(__file__).parent / "results" / "gpu.md"
 # The windows these runs reach (32-token prompts and 64 steps: 96 keys), and no more: every window
@@ -182,7 +182,7 @@ def measure_steps(
 
 
 def generate_step_ms(reference: Any, batch: int, args: argparse.Namespace) -> float:
-    """`generate()`'s ms per decode step: the time of `args.steps` more tokens, over their count."""
+    """`generate()`'s ms per decode pass: the time of `args.steps` more tokens, over their count."""
     rows = prompts(batch, args.prompt_tokens)
     steps: int = args.steps
     longer, one = timed_generate(reference, rows, 1 + steps), timed_generate(reference, rows, 1)
@@ -233,7 +233,7 @@ def report(
     others = list(first.over_fastest)
     lone = steps.get(1)
     lines = [
-        "# The decode step and the serving path on a GPU",
+        "# The decode pass and the serving path on a GPU",
         "",
         f"Command: `{shlex.join(['python', '-m', 'bench.gpu', *arguments])}` ({elapsed_s:.0f} s)",
         "",
@@ -247,7 +247,7 @@ def report(
         lines += ["", "**`--quick` run: sizes shrunk to a smoke test; these numbers mean nothing.**"]
     lines += [
         "",
-        "## 1. ms per decode step",
+        "## 1. ms per decode pass",
         "",
         f"Rows with {args.prompt_tokens}-token prompts, then {args.steps} steps; per side the median "
         "step, `generate()`'s from the difference of two runs (its prefill not counted).",

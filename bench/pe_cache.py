@@ -1,6 +1,6 @@
 """How much PECache saves: building a RoPE cos/sin table vs. fetching it from the cache.
 
-A decode step asks the cache for its tables once per step, so the hit path must be orders of
+A decode pass asks the cache for its tables once per step, so the hit path must be orders of
 magnitude cheaper than a build, at every context length the service runs at. Run:
 
     python -m bench.pe_cache [--device cpu|cuda] [--dtype bfloat16] [--output bench/results/pe_cache.md]

@@ -75,7 +75,7 @@ MAX_CONTEXT = 4096
 # The realistic workload's 64 requests reserve up to 50,000 tokens of KV blocks (6 KiB each): the
 # default 128 MiB pool would queue half of them, which generate() never does.
 KV_CACHE_MB = 512
-READY_TIMEOUT_S = 900.0  # a cold start with --compile compiles the decode step first
+READY_TIMEOUT_S = 900.0  # a cold start with --compile compiles the decode pass first
 STOP_TIMEOUT_S = 30.0
 SCALING_NAMES = ("none", "linear", "ntk", "dynamic", "yarn", "llama3")
 STALL_GOAL = 5.0  # max gap with a long request arriving / p99 gap alone
@@ -785,7 +785,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--compile",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="the compiled decode step in the server and the in-process engine (default on)",
+        help="the compiled decode pass in the server and the in-process engine (default on)",
     )
     arguments = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(arguments)
@@ -1007,7 +1007,7 @@ def section_workload(sizes: Sizes, results: dict[str, list[WorkloadRun]], work: 
     if ratio > bound:
         reach = (
             f"The measured {ratio:.2f}x is above all three: besides doing less work, ours does each "
-            "unit of it faster (its decode step)."
+            "unit of it faster (its decode pass)."
         )
     elif bound < PADDING_GOAL:
         reach = (
@@ -1053,7 +1053,7 @@ def section_workload(sizes: Sizes, results: dict[str, list[WorkloadRun]], work: 
         f"| {work.padded_positions / work.useful_positions:.2f}x |",
         f"| attention key reads | {work.useful_key_reads:.3g} | {work.padded_key_reads:.3g} "
         f"| {work.padded_key_reads / work.useful_key_reads:.2f}x |",
-        f"| sequential decode steps (at least) | {work.fewest_steps} | {work.reference_steps} "
+        f"| sequential decode passes (at least) | {work.fewest_steps} | {work.reference_steps} "
         f"| {work.reference_steps / work.fewest_steps:.2f}x |",
         "",
         "At equal cost per unit of work, the makespan ratio cannot exceed these: between the first two "

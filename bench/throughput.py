@@ -199,7 +199,7 @@ def decode_step_ms(
 
 
 def measure_step(model_dir: Path, batch: int, args: argparse.Namespace) -> dict[str, float]:
-    """Uniform vs mixed decode steps, alternating so machine load hits both alike."""
+    """Uniform vs mixed decode passes, alternating so machine load hits both alike."""
     model = load_checkpoint(model_dir)
     mix = scaling_mix(model.config.native_context)
     kinds = {
@@ -243,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--compile",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="our engine with the compiled decode step (default on)",
+        help="our engine with the compiled decode pass (default on)",
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -289,7 +289,7 @@ def report(
         "",
         f"Model: {source}; {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens each, greedy, "
         f"float32. CPU: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-        f"{args.threads} intra-op thread(s), decode step {'compiled' if args.compile else 'eager'}. "
+        f"{args.threads} intra-op thread(s), decode pass {'compiled' if args.compile else 'eager'}. "
         f"Medians of {args.repeats} interleaved runs after a warm-up. "
         f"The machine is shared (load average {load}), so expect run-to-run noise.",
         "",
@@ -313,7 +313,7 @@ def report(
         "## Mixed `pe_scaling` in one batch vs. a uniform batch (ours)",
         "",
         "Uniform: every request `linear` x4. Mixed: requests cycle through none, linear, ntk, dynamic, "
-        "yarn and llama3, all in the same decode steps. Overhead: median over repeats of uniform tok/s "
+        "yarn and llama3, all in the same decode passes. Overhead: median over repeats of uniform tok/s "
         "/ mixed tok/s - 1, each pair run back to back (so machine load drift cancels).",
         "",
         "| concurrency | uniform tok/s | mixed tok/s | overhead |",
@@ -329,7 +329,7 @@ def report(
         )
     lines += [
         "",
-        f"The model alone, one decode step for a batch of {max(args.concurrency)} (median of "
+        f"The model alone, one decode pass for a batch of {max(args.concurrency)} (median of "
         f"{args.new_tokens} steps, {args.repeats} alternating runs): uniform {step['uniform']:.2f} ms, "
         f"mixed {step['mixed']:.2f} ms ({(step['mixed'] / step['uniform'] - 1) * 100:+.1f}%). "
         "Each row reads its own cos/sin from the cached table of its scaling in one gather, so "

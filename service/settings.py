@@ -72,7 +72,7 @@ class Settings(BaseSettings):
     compile_max_window: int = Field(
         default=512,
         ge=64,
-        description="Longest context (keys) a compiled decode step covers; longer ones run eager.",
+        description="Longest context (keys) a compiled decode pass covers; longer ones run eager.",
     )
     api_key: SecretStr | None = Field(
         default=None, description="Bearer key(s) required on inference routes; comma-separated for several."

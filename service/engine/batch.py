@@ -1,12 +1,12 @@
 """One model's running sequences: those still reading their prompt, and those decoding.
 
 Every sequence owns blocks of the model's KV pool (`service.model.paged_cache`) from admission to
-exit, so rows moving between the groups, joining or leaving copy nothing. A decode step runs every
+exit, so rows moving between the groups, joining or leaving copy nothing. A decode pass runs every
 decoding row in one forward pass, each row with its own RoPE scaling: through the compiled step
 (`service.model.fast_decode`) when it applies, else the eager model. A prefill chunk advances every
 prefilling row by one width of prompt tokens sized to the step's token budget (rows of different
 prompt lengths and progress share the pass; a row with fewer tokens left is padded), so a long
-prompt is read a slice per step between decode steps instead of stalling them. A row whose
+prompt is read a slice per step between decode passes instead of stalling them. A row whose
 prompt is complete moves to the decoding group with its first token's logits.
 
 Failures stay with their row. A row's length advances only after a pass succeeded (what a failed
@@ -28,10 +28,10 @@ from pe_runtime import RopeScaling
 from service.engine.budget import ChunkPlan, plan_chunk
 from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest
+from service.model.backend import Backend
 from service.model.fast_decode import FastDecoder
 from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows
 from service.model.refresh import recompute_row, stale_rows
-from service.model.step_backend import Backend
 from service.model.transformer import Stages, Transformer, run_layers
 
 logger = logging.getLogger("service.engine.batch")
@@ -277,7 +277,7 @@ class ModelBatch:
         failed = self._refresh(group.view, scalings, table_lengths)
         try:
             if fast and not failed and self.fast is not None and self.fast.covers(group.view.lengths):
-                logits = self.fast.step(group.view, [chunk[0] for chunk in chunks], scalings)
+                logits = self.fast.decode(group.view, [chunk[0] for chunk in chunks], scalings)
             elif (
                 not fast
                 and not failed

@@ -1,7 +1,7 @@
 """`EngineCore`: the scheduler, one synchronous `step()` at a time, with no threads and no handles.
 
 A step (1) drops cancelled requests, (2) admits waiting ones while their model's batch has room
-(scoring needs no batch slot), (3) runs one decode step for every model with decoding rows, and
+(scoring needs no batch slot), (3) runs one decode pass for every model with decoding rows, and
 (4) spends the step's budget (`service.engine.budget.StepBudget`: the token budget, held to a
 multiple of the decode pass's time; decode rows do not count against it) on prompt chunks and
 scoring chunks, taking the candidates round-robin so that one long document cannot starve another
@@ -35,9 +35,9 @@ from service.engine.sampler import sample_rows
 from service.engine.scoring import ChunkedScorer
 from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest, PEInfo, ScoreResult, ScoringRequest, Timing
+from service.model.backend import Backend, BackendChoice, choose_backend
 from service.model.fast_decode import DEFAULT_MAX_WINDOW, FastDecoder
 from service.model.paged_cache import PagedKVCache
-from service.model.step_backend import Backend, BackendChoice, choose_backend
 
 logger = logging.getLogger("service.engine.core")
 

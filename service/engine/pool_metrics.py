@@ -16,8 +16,8 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from service.model.backend import Backend
 from service.model.paged_cache import PagedKVCache
-from service.model.step_backend import Backend
 
 
 class PoolOwner(Protocol):
@@ -49,11 +49,11 @@ class _PoolCollector(Collector):
         )
         size = GaugeMetricFamily("pe_kv_cache_bytes", "Bytes of the model's KV cache pool.", labels=["model"])
         compile_time = GaugeMetricFamily(
-            "pe_decode_compile_seconds", "Seconds spent compiling the decode step at start-up."
+            "pe_decode_compile_seconds", "Seconds spent compiling the decode pass at start-up."
         )
         backend = GaugeMetricFamily(
             "pe_decode_backend",
-            "1 for the backend that runs the model's decode steps (eager, compiled, cuda_graphs, c).",
+            "1 for the backend that runs the model's decode passes (eager, compiled, cuda_graphs, c).",
             labels=["model", "backend"],
         )
         for core in list(_CORES):

@@ -1,7 +1,7 @@
 """Scoring: the log-probability of every token given its prefix, read in chunks through a KV cache.
 
 This is the code path behind `/score`. The engine advances a `ChunkedScorer` by a slice of its
-tokens per step, between decode steps, so a long document never stalls running streams;
+tokens per step, between decode passes, so a long document never stalls running streams;
 `score_tokens` runs one to the end, which is what the extrapolation benchmark measures. With a
 length-dependent scaling (dynamic NTK, LongRoPE) every position uses the table for the whole
 sequence, as one full forward pass would: every chunk is told the total length.

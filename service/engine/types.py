@@ -102,7 +102,7 @@ class ModelInfo:
     device: str
     dtype: str
     vocab_size: int
-    backend: str = "eager"  # the decode path its steps run on (`service.model.step_backend`)
+    backend: str = "eager"  # the decode path its steps run on (`service.model.backend`)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The decode step as CUDA graphs: one per batch bucket and window bucket, replayed every step.
+"""The decode pass as CUDA graphs: one per batch bucket and window bucket, replayed every step.
 
 A zoo model's step is a few hundred small kernels, and on a GPU their launches, not their work,
 set its time; a graph replays them all in one launch. A graph reads and writes the addresses it
@@ -8,7 +8,7 @@ and its graphs read prefixes of them:
 - tokens and positions are copied in every step (one host-to-device copy of both);
 - the window's blocks are copied in every step (a device copy, the padding rows zeroed);
 - the positional stacks, row-to-table index and bias tables only when `FastDecoder` hands in a
-  different `StepTables` (it rebuilds them only when rows join, leave or change table).
+  different `PassTables` (it rebuilds them only when rows join, leave or change table).
 
 A batch runs in the graph of the smallest bucket that holds it. The rows past it feed token 0 at
 position 0 through the scratch block, which no row reads, and their logits are dropped. All graphs
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from service.model.decode_step import StepInputs
+from service.model.decode_pass import PassInputs
 from service.model.paged_cache import SCRATCH_BLOCK
-from service.model.positional import StepTables
+from service.model.positional import PassTables
 
-StepOnInputs = Callable[[StepInputs], Tensor]
+PassOnInputs = Callable[[PassInputs], Tensor]
 
 WARM_UP_RUNS = 2  # before a capture: compiling and lazy initialisation must not be captured
 
@@ -50,8 +50,8 @@ def batch_buckets(max_batch: int) -> list[int]:
 class _Replay:
     """One bucket's step over its views of the buffers: a captured graph, or (uncaptured) a call."""
 
-    step: StepOnInputs
-    inputs: StepInputs
+    step: PassOnInputs
+    inputs: PassInputs
     graph: torch.cuda.CUDAGraph | None = None
     logits: Tensor | None = None  # the graph's output, rewritten by every replay
 
@@ -68,14 +68,14 @@ class _WindowBuffers:
 
     ids: Tensor  # [2, max_batch] tokens, then positions
     window_blocks: Tensor  # [max_batch, blocks]
-    tables: StepTables  # stacks [max_tables, W, ...], index [max_batch], bias tables as the step's
-    loaded: StepTables | None = None  # what the tables hold now (kept alive: compared by identity)
+    tables: PassTables  # stacks [max_tables, W, ...], index [max_batch], bias tables as the step's
+    loaded: PassTables | None = None  # what the tables hold now (kept alive: compared by identity)
     graphs: dict[int, _Replay] = field(default_factory=dict)  # by batch bucket
 
-    def inputs(self, batch: int) -> StepInputs:
+    def inputs(self, batch: int) -> PassInputs:
         """Views of the first `batch` rows: every graph of the window reads the same memory."""
         index = self.tables.table_index
-        return StepInputs(
+        return PassInputs(
             self.ids[0, :batch],
             self.ids[1, :batch],
             self.window_blocks[:batch],
@@ -84,10 +84,10 @@ class _WindowBuffers:
         )
 
 
-class GraphedStep:
+class GraphedPass:
     """`step` over static buffers, captured per (batch bucket, window) on first use."""
 
-    def __init__(self, step: StepOnInputs, max_batch: int, *, capture: bool) -> None:
+    def __init__(self, step: PassOnInputs, max_batch: int, *, capture: bool) -> None:
         self.step = step
         self.buckets = batch_buckets(max_batch)
         self.capture = capture
@@ -101,7 +101,7 @@ class GraphedStep:
         raise ValueError(f"a batch of {batch} rows is past the largest graph ({self.buckets[-1]})")
 
     def __call__(
-        self, tokens: list[int], positions: list[int], window_blocks: Tensor, tables: StepTables
+        self, tokens: list[int], positions: list[int], window_blocks: Tensor, tables: PassTables
     ) -> Tensor:
         """Logits float32 [B, V] for B rows: the step of their bucket's graph, replayed."""
         batch = len(tokens)
@@ -125,7 +125,7 @@ class GraphedStep:
             for bucket in buffers.graphs
         )
 
-    def _buffers(self, window_blocks: Tensor, tables: StepTables) -> _WindowBuffers:
+    def _buffers(self, window_blocks: Tensor, tables: PassTables) -> _WindowBuffers:
         count = window_blocks.shape[1]
         buffers = self._windows.get(count)
         if buffers is None:
@@ -155,7 +155,7 @@ class GraphedStep:
         return replay
 
 
-def _static_tables(tables: StepTables, rows: int) -> StepTables:
+def _static_tables(tables: PassTables, rows: int) -> PassTables:
     """Buffers shaped like `tables`, with room for a table per row (at least the two stacks that
     `FastDecoder` always hands in) and an index entry per row."""
     stack_rows = max(rows, 2)
@@ -164,7 +164,7 @@ def _static_tables(tables: StepTables, rows: int) -> StepTables:
         return None if table is None else table.new_zeros(stack_rows, *table.shape[1:])
 
     index = tables.table_index
-    return StepTables(
+    return PassTables(
         table_index=None if index is None else index.new_zeros(rows),
         rope_cos=stack(tables.rope_cos),
         rope_sin=stack(tables.rope_sin),
@@ -174,7 +174,7 @@ def _static_tables(tables: StepTables, rows: int) -> StepTables:
     )
 
 
-def _load_tables(static: StepTables, tables: StepTables) -> None:
+def _load_tables(static: PassTables, tables: PassTables) -> None:
     """Copy `tables` into the buffers; index entries past the batch point at table 0."""
     for buffer, table in zip(static, tables, strict=True):
         if buffer is None or table is None:

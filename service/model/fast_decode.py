@@ -1,4 +1,4 @@
-"""The fast backends' decode step (`service.model.step_backend`: compiled, cuda_graphs, c).
+"""The fast backends' decode pass (`service.model.backend`: compiled, cuda_graphs, c).
 
 The compiled step has one entry per window bucket (a power of two of positions, from
 `MIN_WINDOW` to the decoder's `max_window`) and, within a bucket, one for a lone row and one for
@@ -9,7 +9,7 @@ window past `max_window` (long contexts, where attention's memory reads dominate
 compiler gains little), and schemes whose attention is not a bias on the scores.
 
 Under the `c` backend (a CPU in float32, torch on one thread), every step, a lone row's too, runs
-instead in C, `service.model.kernels.batch_pass`, after the same `step_prelude` (embedding,
+instead in C, `service.model.kernels.batch_pass`, after the same `pass_prelude` (embedding,
 each row's tables, the scheme's bias): its attention reads each row's own keys, where the torch
 attention reads every row's whole window bucket; its products read weights packed once for them,
 where the BLAS call repacks them every time; and one call replaces the compiled graph's guards,
@@ -36,19 +36,19 @@ import torch
 from torch import Tensor
 
 from pe_runtime import RopeScaling
-from service.model.cuda_graphs import GraphedStep
-from service.model.decode_step import (
-    StepInputs,
-    StepWeights,
+from service.model.backend import Backend
+from service.model.cuda_graphs import GraphedPass
+from service.model.decode_pass import (
+    PassInputs,
+    PassWeights,
     decode_one_token,
     pack_weights,
-    step_prelude,
-    step_shape,
+    pass_prelude,
+    pass_shape,
 )
 from service.model.kernels import batch_pass
 from service.model.paged_cache import PagedKVCache, PagedRows
-from service.model.positional import StepTables
-from service.model.step_backend import Backend
+from service.model.positional import PassTables
 from service.model.transformer import Transformer
 
 logger = logging.getLogger("service.model.fast_decode")
@@ -88,7 +88,7 @@ def compiled_step() -> StepFunction:
 
 
 class FastDecoder:
-    """The decode step of one model over its block pool, on a fast backend (`step_backend`)."""
+    """The decode pass of one model over its block pool, on a fast backend (`backend`)."""
 
     def __init__(
         self,
@@ -114,18 +114,18 @@ class FastDecoder:
         self.backend = backend
         self.max_window = max_window
         self.max_batch = max_batch
-        self.shape = step_shape(model, pool.block_size)
+        self.shape = pass_shape(model, pool.block_size)
         # The C step reads the panels; the prelude reads only the embedding and T5 table, shared.
         self.weights = pack_weights(model, packed=backend is Backend.C)
         self.c_pass = _c_batch_pass(model, pool, self.weights) if backend is Backend.C else None
         self.compile_seconds = 0.0
         self._step = compiled_step() if inductor else decode_one_token
         self.graphs = (
-            GraphedStep(self._torch_step, max_batch, capture=pool.keys[0].device.type == "cuda")
+            GraphedPass(self._torch_step, max_batch, capture=pool.keys[0].device.type == "cuda")
             if backend is Backend.CUDA_GRAPHS
             else None
         )
-        self._tables: tuple[Hashable, StepTables] | None = None
+        self._tables: tuple[Hashable, PassTables] | None = None
         for pages in pool.keys + pool.values:
             torch._dynamo.mark_dynamic(pages, 1)  # pools of any size share the compiled entries
 
@@ -168,14 +168,14 @@ class FastDecoder:
                 self._run(blocks, [0] * batch, [0] * batch, scalings, lengths, keys, window)
         self.compile_seconds += time.perf_counter() - started
         logger.info(
-            "compiled the decode step for %s (%s windows) in %.1f s",
+            "compiled the decode pass for %s (%s windows) in %.1f s",
             self.model.config.pe,
             len(self.windows()),
             self.compile_seconds,
         )
         return self.compile_seconds
 
-    def step(self, rows: PagedRows, tokens: Sequence[int], scalings: Sequence[RopeScaling]) -> Tensor:
+    def decode(self, rows: PagedRows, tokens: Sequence[int], scalings: Sequence[RopeScaling]) -> Tensor:
         """Logits float32 [B, V] for one token per row; advances the rows once it succeeded."""
         lengths = rows.lengths
         window = self.window_for(lengths)
@@ -219,9 +219,9 @@ class FastDecoder:
         window = self._chunk_window(lengths, counts)
         repeats = torch.tensor(list(counts), device=device)
         dtype = self.model.embed_tokens.weight.dtype
-        tables = self.model.positions.step_tables(scalings, table_lengths, window, device=device, dtype=dtype)
+        tables = self.model.positions.pass_tables(scalings, table_lengths, window, device=device, dtype=dtype)
         index = tables.table_index.repeat_interleave(repeats) if tables.table_index is not None else None
-        inputs = StepInputs(
+        inputs = PassInputs(
             torch.tensor(
                 [token for chunk, count in zip(chunks, counts, strict=True) for token in chunk[:count]],
                 dtype=torch.long,
@@ -266,7 +266,7 @@ class FastDecoder:
         with torch.inference_mode():
             if self.graphs is not None:
                 return self.graphs(list(tokens), list(positions), window_blocks, tables)
-            inputs = StepInputs(
+            inputs = PassInputs(
                 torch.tensor(list(tokens), dtype=torch.long, device=self._device),
                 torch.tensor(list(positions), dtype=torch.long, device=self._device),
                 window_blocks,
@@ -276,13 +276,13 @@ class FastDecoder:
                 return self._run_in_c(inputs)
             return self._torch_step(inputs)
 
-    def _run_in_c(self, inputs: StepInputs) -> Tensor:
+    def _run_in_c(self, inputs: PassInputs) -> Tensor:
         """The step in C, after the torch step's own prelude (embedding, tables, bias)."""
         assert self.c_pass is not None
-        hidden, rope, bias = step_prelude(self.shape, self.weights, inputs)
+        hidden, rope, bias = pass_prelude(self.shape, self.weights, inputs)
         return self.c_pass(hidden, rope, bias, inputs.window_blocks, inputs.positions)
 
-    def _torch_step(self, inputs: StepInputs) -> Tensor:
+    def _torch_step(self, inputs: PassInputs) -> Tensor:
         """The torch step, compiled or not. Batch size and table count vary without recompiling
         (1 is special-cased by the compiler): batches share one compiled entry per window."""
         if inputs.tokens.shape[0] > 1:
@@ -301,7 +301,7 @@ class FastDecoder:
         table_lengths: Sequence[int],
         table_keys: Sequence[Hashable],
         window: int,
-    ) -> StepTables:
+    ) -> PassTables:
         """The stacked tables for these rows, rebuilt only when a row's table or the window changed."""
         positions = self.model.positions
         learned = positions.learned_table is not None
@@ -313,12 +313,12 @@ class FastDecoder:
         )
         if self._tables is None or self._tables[0] != key:
             dtype = self.model.embed_tokens.weight.dtype
-            tables = positions.step_tables(scalings, table_lengths, window, device=self._device, dtype=dtype)
+            tables = positions.pass_tables(scalings, table_lengths, window, device=self._device, dtype=dtype)
             self._tables = (key, tables._replace(**_two_or_more(tables)))
         return self._tables[1]
 
 
-def _c_batch_pass(model: Transformer, pool: PagedKVCache, weights: StepWeights) -> batch_pass.BatchPass:
+def _c_batch_pass(model: Transformer, pool: PagedKVCache, weights: PassWeights) -> batch_pass.BatchPass:
     """The C step over the model's weights as `pack_weights(..., packed=True)` laid them out."""
     layers = [
         (layer.attn_norm, layer.qkv, layer.qkv_bias, layer.o_proj, layer.mlp_norm, layer.gate_up, layer.down)
@@ -328,7 +328,7 @@ def _c_batch_pass(model: Transformer, pool: PagedKVCache, weights: StepWeights) 
     return batch_pass.BatchPass(model.config, layers, *final, pool.keys, pool.values)
 
 
-def _two_or_more(tables: StepTables) -> dict[str, Tensor]:
+def _two_or_more(tables: PassTables) -> dict[str, Tensor]:
     """Stacks of a single table, repeated once: a one-table batch then runs the same compiled
     entry as a mixed one (the table count is dynamic from 2), instead of an entry of its own."""
     stacks = {"rope_cos": tables.rope_cos, "rope_sin": tables.rope_sin, "absolute": tables.absolute}

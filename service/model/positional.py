@@ -69,7 +69,7 @@ class PositionalInputs:
 
     `attn_mask` is None when no key needs hiding beyond what `causal` says: plain causal attention
     over `Tq == Tk` (training, fresh prefills), or every query seeing every key (one new token per
-    row, all rows of one length: a lone stream's decode step). Both spare building a mask and let
+    row, all rows of one length: a lone stream's decode pass). Both spare building a mask and let
     attention take its fused kernel.
     """
 
@@ -80,8 +80,8 @@ class PositionalInputs:
     relative: RelativeInputs | None = None  # Shaw, Transformer-XL, CoPE: read by their explicit attention
 
 
-class StepTables(NamedTuple):
-    """Positional tables for a fixed-shape decode step (`service.model.decode_step.StepInputs`).
+class PassTables(NamedTuple):
+    """Positional tables for a fixed-shape decode pass (`service.model.decode_pass.PassInputs`).
 
     The tables every row reads are stacked once, `table_index` saying which one each row uses;
     they stay valid until a row joins, leaves or changes table, so a step only indexes them.
@@ -182,7 +182,7 @@ class PositionalEncoding(nn.Module):
             ),
         )
 
-    def step_tables(
+    def pass_tables(
         self,
         scalings: Sequence[RopeScaling],
         table_lengths: Sequence[int],
@@ -190,8 +190,8 @@ class PositionalEncoding(nn.Module):
         *,
         device: torch.device,
         dtype: torch.dtype,
-    ) -> StepTables:
-        """The tables the rows of a decode step read, each row's for its scaling and table length.
+    ) -> PassTables:
+        """The tables the rows of a decode pass read, each row's for its scaling and table length.
 
         Tables span the step's window of `window` positions; rows sharing a table share its entry.
         Raises PEConfigError where `forward` would (a scaling the scheme cannot apply, a position
@@ -217,7 +217,7 @@ class PositionalEncoding(nn.Module):
             if pe == "t5_bias"
             else None
         )
-        return StepTables(index, cos, sin, absolute, slopes, buckets)
+        return PassTables(index, cos, sin, absolute, slopes, buckets)
 
     def _step_rope(
         self,

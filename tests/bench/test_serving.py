@@ -133,7 +133,7 @@ def test_workload_reports_both_servers_and_the_padding_it_costs(quick_report: tu
         f"| token positions (projections, MLP) | {work.useful_positions} | {work.padded_positions} |" in text
     )
     assert re.search(
-        rf"\| sequential decode steps \(at least\) \| {work.fewest_steps} \| {work.reference_steps} \|", text
+        rf"\| sequential decode passes \(at least\) \| {work.fewest_steps} \| {work.reference_steps} \|", text
     )
     assert re.search(rf"makespan generate\(\) / ours: {NUMBER}x", text)
     assert "unscaled export" in text

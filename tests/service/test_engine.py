@@ -95,7 +95,7 @@ def test_a_batch_of_mixed_scalings_gives_each_request_its_result_alone(rope_dir:
     requests = [generation(i if i < 5 else 0, SCALINGS[name]) for i, name in enumerate(names)]
     with running_engine([rope_dir], start=False) as engine:
         handles = [engine.submit(request) for request in requests]
-        engine.start()  # everything queued is admitted together and shares every decode step
+        engine.start()  # everything queued is admitted together and shares every decode pass
         batched = [result_of(handle) for handle in handles]
         singles = [alone(engine, request) for request in requests]
     for name, batched_result, single in zip(names, batched, singles, strict=True):

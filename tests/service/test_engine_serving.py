@@ -148,7 +148,7 @@ def plant_fault(model: torch.nn.Module, when: Callable[[Any], bool]) -> None:
 
 
 def test_a_fault_in_a_batched_step_fails_its_row_and_the_others_match_their_solo_runs(rope_dir: Path) -> None:
-    """The fault fires in the 4th decode step of the shortest row, batched or alone: that row fails.
+    """The fault fires in the 4th decode pass of the shortest row, batched or alone: that row fails.
 
     The other rows were in the batched step that raised; they are rerun from their untouched cache
     rows, so they go on exactly as they would have alone (no token written twice).

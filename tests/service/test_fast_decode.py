@@ -1,4 +1,4 @@
-"""The paged KV pool and the decode step, against a full pass over the same tokens.
+"""The paged KV pool and the decode pass, against a full pass over the same tokens.
 
 Rows of different lengths and scalings decode together, across the native context (16) and a
 window bucket boundary (64), while others join and leave; every step's logits must equal each
@@ -19,11 +19,11 @@ from pe_runtime import RopeScaling
 from service.engine.core import DecodeSettings
 from service.engine.engine import InferenceEngine, load_models
 from service.engine.types import GenerationRequest, GenerationResult, SamplingParams
+from service.model.backend import Backend
 from service.model.fast_decode import FastDecoder
 from service.model.kernels import batch_pass
 from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows
 from service.model.refresh import recompute_row, stale_rows
-from service.model.step_backend import Backend
 from service.model.transformer import Transformer
 from tests.conftest import TINY_CONFIG, TinyCheckpointFactory, rope_scalings, tiny_transformer
 from tests.kernels import require_kernel
@@ -115,7 +115,7 @@ def decode_and_compare(
             for stale in stale_rows(model, view, row_scalings, lengths):
                 recompute_row(model, view, stale, row_scalings[stale], lengths[stale])
         expected = full_pass_logits(model, rows, feed, row_scalings)
-        logits = decoder.step(view, feed, row_scalings)
+        logits = decoder.decode(view, feed, row_scalings)
         worst = max(worst, float((logits - expected).abs().max()))
         feed = logits.argmax(dim=-1).tolist()
     return worst

@@ -29,7 +29,7 @@ from service.engine.types import (  # noqa: E402
     ScoreResult,
     ScoringRequest,
 )
-from service.model.decode_step import unsupported_by_fast_step  # noqa: E402
+from service.model.decode_pass import unsupported_by_fast_pass  # noqa: E402
 from service.model.hf import UnsupportedCheckpointError, hf_config_to_model_config, load_hf_checkpoint  # noqa: E402
 from tests.live_server import live_server  # noqa: E402
 
@@ -270,10 +270,10 @@ def test_unsupported_features_are_refused_by_key() -> None:
 
 def test_fast_step_names_what_it_cannot_run() -> None:
     neox = hf_config_to_model_config({"model_type": "gpt_neox", "vocab_size": VOCAB} | LLAMA_SHAPE)
-    reason = unsupported_by_fast_step(neox)
+    reason = unsupported_by_fast_pass(neox)
     assert reason is not None and "norm" in reason and "residual" in reason
     llama = hf_config_to_model_config({"model_type": "llama", "vocab_size": VOCAB} | LLAMA_SHAPE)
-    assert unsupported_by_fast_step(llama) is None
+    assert unsupported_by_fast_pass(llama) is None
 
 
 PER_REQUEST = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}

@@ -78,7 +78,7 @@ def test_a_padded_chunk_reaching_past_every_rows_blocks_still_gets_its_whole_win
 @torch.inference_mode()
 def test_a_lone_row_on_consecutive_blocks_reads_a_view_and_computes_what_scattered_blocks_do() -> None:
     """Two copies of one sequence, one on a run of blocks (read in place), one on blocks out of
-    order (gathered): prompt chunks and decode steps give the same logits, and the run's window
+    order (gathered): prompt chunks and decode passes give the same logits, and the run's window
     is the pool's own memory."""
     torch.manual_seed(0)
     model = Transformer(CONFIG).eval()

@@ -233,7 +233,7 @@ def test_every_control_shares_one_batch_without_changing_other_rows(plain_dir: P
     requests.append(greedy(MODEL, temperature=0.7, seed=2))
     with running_engine([plain_dir], start=False, max_batch_size=16) as engine:
         handles = [engine.submit(request) for request in requests]
-        engine.start()  # all admitted in one step: they share every decode step
+        engine.start()  # all admitted in one step: they share every decode pass
         batched = [result_of(handle) for handle in handles]
         singles = [alone(engine, request) for request in requests]
     assert len({result.tokens for result in batched}) >= 5  # the penalties and min_p did change theirs

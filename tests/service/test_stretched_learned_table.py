@@ -1,4 +1,4 @@
-"""A learned table stretched for linear scaling is built once per factor, not once per decode step,
+"""A learned table stretched for linear scaling is built once per factor, not once per decode pass,
 and never outlives the weights it was built from."""
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""Hand-written kernels the decode step calls where the compiler's own code is slow."""
+"""Hand-written kernels the decode pass calls where the compiler's own code is slow."""

@@ -1,5 +1,5 @@
 /*
- * A matrix product for the decode step's few rows: out[M, N] = x[M, K] W^T (+ bias), with W
+ * A matrix product for the decode pass's few rows: out[M, N] = x[M, K] W^T (+ bias), with W
  * packed once into panels of 32 output columns, [ceil(N / 32), K, 32], zero-padded past N.
  *
  * For a batch of decode rows (M of 2 to about 64) the BLAS kernels torch calls repack the weight

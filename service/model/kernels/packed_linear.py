@@ -1,4 +1,4 @@
-"""The decode step's matrix products for a batch of rows on a CPU, as a C kernel over packed weights.
+"""The decode pass's matrix products for a batch of rows on a CPU, as a C kernel over packed weights.
 
 At a batch of 2 to 64 rows, the BLAS call behind `F.linear` repacks the weight on every call;
 with a model's weights in L3 rather than L2 (a whole step's worth), a zoo model's products took

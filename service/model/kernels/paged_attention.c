@@ -1,5 +1,5 @@
 /*
- * One decode step's attention over the paged KV pool, for CPUs: each row reads only the keys it
+ * One decode pass's attention over the paged KV pool, for CPUs: each row reads only the keys it
  * has (positions 0..its own), not the padded window a fixed-shape compiled step must read.
  *
  * Layouts (float32, row-major):

@@ -1,6 +1,6 @@
 """Decode attention over the paged KV pool as a C kernel for CPUs, and its torch reference.
 
-A compiled decode step has fixed shapes, so its attention reads every row's whole window (a
+A compiled decode pass has fixed shapes, so its attention reads every row's whole window (a
 power of two of positions): a row 65 keys long reads 128, and a batch with one long row makes
 every row read that row's window. Written as broadcast products, the reduction over a 32-wide
 head also ends in a horizontal sum per key, and the compiler recomputes the query's rotation for

@@ -2,7 +2,7 @@
 
 Greedy and seeded, for every scheme and, on RoPE, every scaling type; with every sampling control
 and `top_logprobs`; then a mixed batch (every scaling type, half the rows with the controls)
-where HTTP and gRPC twins run at once and share decode steps.
+where HTTP and gRPC twins run at once and share decode passes.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def test_a_mixed_scaling_batch_of_both_protocols_gives_the_same_as_each_alone(
         ]
         done.set()
         watcher.result()
-    assert peak >= 2, "the requests never shared a decode step"
+    assert peak >= 2, "the requests never shared a decode pass"
     for solo, (http, responses) in zip(alone, together, strict=True):
         assert_same_generation(http, responses, logprob_tolerance=BATCH_NOISE)
         assert http["tokens"] == solo["tokens"]

@@ -1,4 +1,4 @@
-"""One decode step as a pure function: a new token per row in, next-token logits out.
+"""One decode pass as a pure function: a new token per row in, next-token logits out.
 
 gpt-fast's `decode_one_token`, for a batch of rows of different lengths and scalings, over the
 paged KV cache. Everything the step needs is an argument: the packed weights, the positional
@@ -10,7 +10,7 @@ too, not constants, so every model with the same architecture and scheme shares 
 
 Attention is `reference_paged_decode_attention`, which the compiler fuses over the whole window.
 On a CPU in float32 a batch skips this function: `service.model.kernels.batch_pass` runs the same
-layers in C after the same `step_prelude`, over weights packed for it (`pack_weights(...,
+layers in C after the same `pass_prelude`, over weights packed for it (`pack_weights(...,
 packed=True)`).
 
 The math is the eager model's (`service.model.transformer`) step for step, with the query, key
@@ -32,7 +32,7 @@ from service.model.kernels.paged_attention import reference_paged_decode_attenti
 from service.model.transformer import Block, Transformer, rms_norm
 
 
-class StepShape(NamedTuple):
+class PassShape(NamedTuple):
     """The model's fixed sizes: constants to the compiler, one compiled entry per distinct shape."""
 
     pe: Scheme
@@ -57,7 +57,7 @@ class LayerWeights(NamedTuple):
     down: Tensor  # [D, F]
 
 
-class StepWeights(NamedTuple):
+class PassWeights(NamedTuple):
     embed: Tensor  # [V, D]
     layers: tuple[LayerWeights, ...]
     final_norm: Tensor  # [D]
@@ -65,7 +65,7 @@ class StepWeights(NamedTuple):
     t5_table: Tensor | None  # [num_buckets, H]
 
 
-class StepInputs(NamedTuple):
+class PassInputs(NamedTuple):
     """Per-row inputs of one step; B rows, a window of `window_blocks.shape[1]` blocks."""
 
     tokens: Tensor  # [B] the token each row feeds in
@@ -84,7 +84,7 @@ FAST_SCHEMES: frozenset[Scheme] = frozenset(
 )
 
 
-def unsupported_by_fast_step(config: ModelConfig) -> str | None:
+def unsupported_by_fast_pass(config: ModelConfig) -> str | None:
     """Why the fast step cannot run this model (None when it can).
 
     The step's layer math is Llama's block (RMSNorm, SwiGLU, sequential residual, biases on q, k
@@ -106,9 +106,9 @@ def unsupported_by_fast_step(config: ModelConfig) -> str | None:
     return f"its block differs from Llama's in {', '.join(found)}" if found else None
 
 
-def step_shape(model: Transformer, block_size: int) -> StepShape:
+def pass_shape(model: Transformer, block_size: int) -> PassShape:
     config = model.config
-    return StepShape(
+    return PassShape(
         pe=config.pe,
         n_heads=config.n_heads,
         n_kv_heads=config.n_kv_heads,
@@ -121,12 +121,12 @@ def step_shape(model: Transformer, block_size: int) -> StepShape:
 
 
 @torch.no_grad()
-def pack_weights(model: Transformer, *, packed: bool = False) -> StepWeights:
+def pack_weights(model: Transformer, *, packed: bool = False) -> PassWeights:
     """The model's weights in the step's layout (fused projections are copies, made once);
     `packed` lays the matrices out in panels for the C batch step (copies too)."""
-    reason = unsupported_by_fast_step(model.config)
+    reason = unsupported_by_fast_pass(model.config)
     if reason is not None:
-        raise ValueError(f"the decode step cannot run this model: {reason}")
+        raise ValueError(f"the decode pass cannot run this model: {reason}")
     matrix = pack_weight if packed else _as_is
     layers = []
     for block in cast(list[Block], list(model.layers)):
@@ -146,7 +146,7 @@ def pack_weights(model: Transformer, *, packed: bool = False) -> StepWeights:
             )
         )
     t5 = model.positions.t5_table
-    return StepWeights(
+    return PassWeights(
         embed=model.embed_tokens.weight,
         layers=tuple(layers),
         final_norm=_norm_weight(model.norm),
@@ -156,16 +156,16 @@ def pack_weights(model: Transformer, *, packed: bool = False) -> StepWeights:
 
 
 def decode_one_token(
-    shape: StepShape,
-    weights: StepWeights,
-    inputs: StepInputs,
+    shape: PassShape,
+    weights: PassWeights,
+    inputs: PassInputs,
     key_pages: list[Tensor],
     value_pages: list[Tensor],
 ) -> Tensor:
     """Logits float32 [B, V]; writes each row's new key and value into its block at its position."""
     batch = inputs.tokens.shape[0]
     heads, kv_heads, head_dim = shape.n_heads, shape.n_kv_heads, shape.head_dim
-    hidden, rope, bias = step_prelude(shape, weights, inputs)
+    hidden, rope, bias = pass_prelude(shape, weights, inputs)
     for layer, keys_pages, values_pages in zip(weights.layers, key_pages, value_pages, strict=True):
         normed = rms_norm(hidden, layer.attn_norm, shape.norm_eps)
         qkv = F.linear(normed, layer.qkv, layer.qkv_bias)
@@ -186,7 +186,7 @@ def decode_one_token(
     return logits.float()
 
 
-class StepPrelude(NamedTuple):
+class PassPrelude(NamedTuple):
     """What every row brings into the layers, from its token and position."""
 
     hidden: Tensor  # [B, D] the embedded token, absolute positions added
@@ -194,7 +194,7 @@ class StepPrelude(NamedTuple):
     bias: Tensor | None  # [B, H, W] float32, the scheme's bias on the attention scores
 
 
-def step_prelude(shape: StepShape, weights: StepWeights, inputs: StepInputs) -> StepPrelude:
+def pass_prelude(shape: PassShape, weights: PassWeights, inputs: PassInputs) -> PassPrelude:
     """The step's inputs to its layers: shared by the torch step and the C batch step."""
     window = inputs.window_blocks.shape[1] * shape.block_size
     positions = inputs.positions
@@ -204,7 +204,7 @@ def step_prelude(shape: StepShape, weights: StepWeights, inputs: StepInputs) -> 
     rope = None
     if inputs.rope_cos is not None and inputs.rope_sin is not None and inputs.table_index is not None:
         rope = inputs.rope_cos[inputs.table_index, positions], inputs.rope_sin[inputs.table_index, positions]
-    return StepPrelude(hidden, rope, _scheme_bias(weights, inputs, window))
+    return PassPrelude(hidden, rope, _scheme_bias(weights, inputs, window))
 
 
 def _norm_weight(norm: torch.nn.Module) -> Tensor:
@@ -217,7 +217,7 @@ def _as_is(weight: Tensor) -> Tensor:
     return weight
 
 
-def _scheme_bias(weights: StepWeights, inputs: StepInputs, window: int) -> Tensor | None:
+def _scheme_bias(weights: PassWeights, inputs: PassInputs, window: int) -> Tensor | None:
     """The scheme's bias on the scores, float32 [B, H, W]; None where it has none (RoPE, NoPE)."""
     if inputs.alibi_slopes is None and inputs.t5_buckets is None:
         return None

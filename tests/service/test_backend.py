@@ -13,9 +13,9 @@ from service.engine.client import EngineClient
 from service.engine.config import EngineConfig
 from service.engine.core import DecodeSettings
 from service.engine.types import GenerationRequest, GenerationResult, SamplingParams
+from service.model.backend import Backend, choose_backend, cxx_compiler
 from service.model.config import ModelConfig
 from service.model.kernels import batch_pass
-from service.model.step_backend import Backend, choose_backend, cxx_compiler
 from tests.conftest import TinyCheckpointFactory, tiny_transformer
 from tests.kernels import require_kernel
 

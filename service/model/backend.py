@@ -5,7 +5,7 @@ Four backends produce served logits:
 - `eager`: `Transformer.forward` over the block pool. Every model, scheme and window; the others
   hand it what they do not cover (prompt chunks off the C path, windows past their largest bucket,
   a row rerun alone after a failed pass).
-- `compiled`: `decode_step.decode_one_token` under Inductor, one entry per window bucket.
+- `compiled`: `decode_pass.decode_one_token` under Inductor, one entry per window bucket.
 - `cuda_graphs`: that compiled step captured as CUDA graphs, one per window and batch bucket.
 - `c`: the whole step, and prompt chunks, as one C call (`kernels/batch_pass.c`).
 
@@ -25,7 +25,7 @@ from enum import StrEnum
 import torch
 
 from service.model.config import ModelConfig
-from service.model.decode_step import unsupported_by_fast_step
+from service.model.decode_pass import unsupported_by_fast_pass
 from service.model.kernels import batch_pass
 
 
@@ -60,7 +60,7 @@ def choose_backend(
     """
     if not allow_compile:
         return BackendChoice(Backend.EAGER, "--compile is off")
-    unsupported = unsupported_by_fast_step(config)
+    unsupported = unsupported_by_fast_pass(config)
     if unsupported is not None:
         return BackendChoice(Backend.EAGER, f"the fast step cannot run it: {unsupported}")
     if device.type == "cuda":
