@@ -126,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         "start-up log and /models say which runs (default: off, every model 'eager')",
     )
     parser.add_argument(
+        "--prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        help="reuse the KV blocks of earlier prompts with the same model, scaling and token prefix "
+        "(default: on)",
+    )
+    parser.add_argument(
         "--compile-max-window",
         type=int,
         metavar="N",

@@ -69,6 +69,10 @@ class Settings(BaseSettings):
         default=False,
         description="Open the fast step backends (c, compiled, cuda_graphs; docs/decode.md): start-up cost.",
     )
+    prefix_cache: bool = Field(
+        default=True,
+        description="Reuse the KV blocks of earlier prompts with the same model, scaling and prefix.",
+    )
     compile_max_window: int = Field(
         default=512,
         ge=64,

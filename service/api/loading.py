@@ -70,6 +70,7 @@ def load_engine(settings: Settings) -> Engine:
         decode=importlib.import_module("service.engine.core").DecodeSettings(
             kv_cache_bytes=settings.kv_cache_mb << 20,
             compile=settings.compile,
+            prefix_cache=settings.prefix_cache,
             compile_max_window=settings.compile_max_window,
         ),
         log_config=logging_config(settings.log_level),

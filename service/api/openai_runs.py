@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from service.api.schemas.openai import OpenAIFinishReason, OpenAIUsage
+from service.api.schemas.openai import OpenAIFinishReason, OpenAIUsage, PromptTokensDetails
 from service.engine.types import Engine, GenerationRequest, GenerationResult, RequestHandle, ScoringRequest
 from service.requests.convert import finish_reason
 
@@ -38,11 +38,14 @@ def openai_finish_reason(result: GenerationResult) -> OpenAIFinishReason:
     return "length" if finish_reason(result) == "length" else "stop"
 
 
-def openai_usage(prompt_tokens: int, completion_tokens: int) -> OpenAIUsage:
+def openai_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> OpenAIUsage:
+    """`cached_tokens`: of the prompt tokens, those its first choice read from the prefix cache
+    (a prompt is counted once, whatever `n`)."""
     return OpenAIUsage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
     )
 
 

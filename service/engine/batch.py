@@ -30,7 +30,7 @@ from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest
 from service.model.backend import Backend
 from service.model.fast_decode import FastDecoder
-from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows
+from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows, prefix_keys
 from service.model.refresh import recompute_row, stale_rows
 from service.model.transformer import Stages, Transformer, run_layers
 
@@ -120,12 +120,16 @@ class ModelBatch:
         pool: PagedKVCache,
         fast: FastDecoder | None = None,
         backend: Backend = Backend.EAGER,
+        *,
+        prefix_cache: bool = True,
     ) -> None:
-        """`fast` runs the steps it covers on `backend`; everything else runs the model eagerly."""
+        """`fast` runs the passes it covers on `backend`; everything else runs the model eagerly.
+        With `prefix_cache`, prompts reuse the pool's cached blocks of earlier prompts."""
         self.model = model
         self.pool = pool
         self.fast = fast
         self.backend = backend
+        self.prefix_cache = prefix_cache
         self._prefilling = _Group(pool)
         self._decoding = _Group(pool)
         self._spread: _SpreadChunk | None = None
@@ -150,13 +154,50 @@ class ModelBatch:
     def sequences(self) -> list[RunningSequence]:
         return self._prefilling.sequences + self._decoding.sequences
 
-    def fits(self, request: GenerationRequest) -> bool:
+    def fits(self, request: GenerationRequest, scaling: RopeScaling) -> bool:
         """Whether the pool has blocks for the whole request now (prompt and every new token)."""
-        return self.pool.fits(_reach(request))
+        return self.pool.fits(_reach(request), self._reusable(self._prefix(request, scaling), request))
 
     def add(self, sequence: RunningSequence) -> None:
-        """Start reading its prompt, in blocks reserved for the whole request (`fits` first)."""
-        self._prefilling.join(sequence, self.pool.allocate(_reach(sequence.request)))
+        """Start reading its prompt, in blocks reserved for the whole request (`fits` first),
+        from the end of the prefix the pool has cached (`sequence.cached_tokens`)."""
+        request = sequence.request
+        prefix = self._prefix(request, sequence.scaling)
+        row = self.pool.allocate(_reach(request), self._reusable(prefix, request))
+        row.prefix = prefix
+        if row.length:
+            prompt = len(request.prompt_tokens)
+            row.tokens = list(request.prompt_tokens[: row.length])
+            row.table_key = self.model.positions.table_key(sequence.scaling, prompt)
+            sequence.prefilled = sequence.cached_tokens = row.length
+        if prefix:
+            self.pool.queried_tokens += len(request.prompt_tokens)
+            self.pool.hit_tokens += row.length
+        self._prefilling.join(sequence, row)
+
+    def _prefix(self, request: GenerationRequest, scaling: RopeScaling) -> list[bytes]:
+        """The keys of the prompt's whole blocks, or none where its blocks must stay its own.
+
+        The root names the scaling with every parameter and the table the prompt is read with.
+        A row whose table changes before it ends (bucketed dynamic NTK crossing a bucket,
+        LongRoPE crossing the original length) is recomputed in place then, so it neither
+        shares nor publishes; dynamic NTK in "hf" mode keeps its entries and may share, as
+        its prompt's table is in the root.
+        """
+        if not self.prefix_cache:
+            return []
+        positions = self.model.positions
+        prompt = len(request.prompt_tokens)
+        table = positions.table_key(scaling, prompt)
+        changes = table != positions.table_key(scaling, _reach(request))
+        if changes and not positions.keeps_cached_keys(scaling):
+            return []
+        return prefix_keys((scaling, table), request.prompt_tokens, self.pool.block_size)
+
+    def _reusable(self, prefix: list[bytes], request: GenerationRequest) -> list[bytes]:
+        """The keys a prompt may take from the cache: the blocks before its last token, whose
+        logits the prompt's own pass must give."""
+        return prefix[: max(0, len(request.prompt_tokens) - 1) // self.pool.block_size]
 
     def prefill_chunk(self, budget: int) -> tuple[StepOutcome, int]:
         """Advance every prefilling row by a chunk that fits `budget` units (`plan_chunk`).
@@ -250,9 +291,12 @@ class ModelBatch:
         dropped: list[RunningSequence] = []
         for group in (self._prefilling, self._decoding):
             for sequence, row in group.split(keep):
+                if sequence.prompt_remaining == 0:
+                    self.pool.publish(row)
                 self.pool.release(row)
                 dropped.append(sequence)
         for sequence, row in self._prefilling.split(lambda sequence: sequence.prompt_remaining > 0):
+            self.pool.publish(row)
             self._decoding.join(sequence, row)
         return dropped
 

@@ -48,10 +48,11 @@ DEFAULT_KV_CACHE_BYTES = 128 << 20
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    """How decoding uses memory and the compiler (`--kv-cache-mb`, `--compile`)."""
+    """How decoding uses memory and the compiler (`--kv-cache-mb`, `--compile`, `--prefix-cache`)."""
 
     kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
     compile: bool = False
+    prefix_cache: bool = True
     compile_max_window: int = DEFAULT_MAX_WINDOW
 
 
@@ -217,7 +218,7 @@ class EngineCore:
         while waiting and len(batch) < self.max_batch_size:
             request = waiting[0].request
             assert isinstance(request, GenerationRequest)
-            if not batch.fits(request):
+            if not batch.fits(request, served.effective_scaling(request.scaling)):
                 return  # it waits for blocks to free up; those behind it wait their turn
             job = waiting.popleft()
             sequence = RunningSequence(job.key, request, served, job.pe, job.submitted_at)
@@ -367,7 +368,7 @@ def _model_batch(served: ServedModel, decode: DecodeSettings, max_batch_size: in
         choice.reason,
         extra={"model": served.name, "backend": str(choice.backend)},
     )
-    return ModelBatch(model, pool, fast, choice.backend)
+    return ModelBatch(model, pool, fast, choice.backend, prefix_cache=decode.prefix_cache)
 
 
 def _score_result(score: _ScoreJob) -> ScoreResult:

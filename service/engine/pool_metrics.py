@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from prometheus_client import REGISTRY
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from service.model.backend import Backend
@@ -56,15 +56,31 @@ class _PoolCollector(Collector):
             "1 for the backend that runs the model's decode passes (eager, compiled, cuda_graphs, c).",
             labels=["model", "backend"],
         )
+        queries = CounterMetricFamily(
+            "pe_prefix_cache_queries",
+            "Prompt tokens of generations admitted with a prefix to look up in the model's cache.",
+            labels=["model"],
+        )
+        hits = CounterMetricFamily(
+            "pe_prefix_cache_hits", "Of those, the tokens read from cached KV blocks.", labels=["model"]
+        )
+        cached = GaugeMetricFamily(
+            "pe_prefix_cache_blocks",
+            "KV blocks holding a cached prompt prefix (in use, or idle and evictable).",
+            labels=["model"],
+        )
         for core in list(_CORES):
             for model, pool in core.kv_pools().items():
                 usage.add_metric([model], pool.usage)
                 tokens.add_metric([model], pool.total_blocks * pool.block_size)
                 size.add_metric([model], pool.nbytes)
+                queries.add_metric([model], pool.queried_tokens)
+                hits.add_metric([model], pool.hit_tokens)
+                cached.add_metric([model], pool.cached_blocks)
             for model, chosen in core.backends().items():
                 backend.add_metric([model, str(chosen)], 1.0)
         compile_time.add_metric([], sum(core.compile_seconds for core in list(_CORES)))
-        yield from (usage, tokens, size, compile_time, backend)
+        yield from (usage, tokens, size, compile_time, backend, queries, hits, cached)
 
 
 @functools.cache

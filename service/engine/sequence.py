@@ -38,6 +38,7 @@ class RunningSequence:
     first_token_at: float = 0.0
     finish_reason: FinishReason | None = None
     prefilled: int = 0  # prompt tokens in the KV cache
+    cached_tokens: int = 0  # of those, read from the pool's prefix cache instead of computed
 
     def __post_init__(self) -> None:
         self.scaling = self.served.effective_scaling(self.request.scaling)
@@ -91,6 +92,7 @@ class RunningSequence:
             top_logprobs=tuple(self.top_logprobs) if self.request.sampling.top_logprobs else None,
             finish_reason=self.finish_reason or "cancelled",
             prompt_tokens=len(self.request.prompt_tokens),
+            cached_tokens=self.cached_tokens,
             pe=self.pe,
             timing=Timing(
                 queue_ms=_ms(self.started_at - self.submitted_at),

@@ -171,6 +171,7 @@ class GenerationResult:
     pe: PEInfo
     timing: Timing
     top_logprobs: tuple[TopLogprobs, ...] | None = None
+    cached_tokens: int = 0  # prompt tokens whose entries came from the prefix cache
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,15 @@ leaving a batch copy nothing, and memory in use follows the tokens the sequences
 the longest context the model allows. The pool is sized once, from a byte budget, so its memory
 is bounded and known at start-up (`kv_cache_usage` reports how much of it is reserved).
 
+Prefix caching (vLLM's automatic prefix caching, llama.cpp's prompt cache): a block that holds
+a whole block of a finished prompt is published under a chain key (`prefix_keys`: the key of
+everything before it, its tokens, and a root naming the row's scaling and table), and a later
+request whose prompt starts with the same blocks under the same root reuses them instead of
+computing them again. Blocks are reference-counted; a published block nobody uses stays cached
+and is evicted least recently used first, inside the same pool bound, only when a fresh block is
+needed. Shared blocks are only read: a row writes past its length, and a cached prefix ends on a
+block boundary before the prompt's last token, whose logits the row must compute anyway.
+
 Block 0 is never handed out. Writes that belong to nobody (positions past a row's reservation
 when a prefill chunk pads a short row to the group's width, padding rows of a fixed-shape decode
 step) land there, and nothing reads it as a real entry: every read is masked by the row's length.
@@ -17,7 +26,9 @@ the decode pass (`service.model.decode_pass`) indexes the blocks itself.
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -40,6 +51,7 @@ class PagedRow:
     length: int = 0
     table_key: Hashable = None
     tokens: list[int] = field(default_factory=list)  # the ids behind its entries, to recompute them
+    prefix: list[bytes] = field(default_factory=list)  # the keys its prompt's whole blocks publish
 
 
 class PagedKVCache:
@@ -65,6 +77,12 @@ class PagedKVCache:
         self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self._free = list(range(num_blocks - 1, SCRATCH_BLOCK, -1))
+        self._references = [0] * num_blocks
+        self._key_of: dict[int, bytes] = {}  # published blocks and their prefix keys
+        self._published: dict[bytes, int] = {}
+        self._idle: OrderedDict[int, None] = OrderedDict()  # published, unused: oldest first
+        self.queried_tokens = 0  # prompt tokens of the requests admitted with a prefix to look up
+        self.hit_tokens = 0  # of those, the tokens read from cached blocks
 
     @classmethod
     def within(
@@ -99,7 +117,13 @@ class PagedKVCache:
 
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks a new sequence can take: never used, or cached by nobody running (evictable)."""
+        return len(self._free) + len(self._idle)
+
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks holding a published prompt prefix, in use or not."""
+        return len(self._published)
 
     @property
     def usage(self) -> float:
@@ -113,20 +137,74 @@ class PagedKVCache:
     def blocks_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.block_size)
 
-    def fits(self, tokens: int) -> bool:
-        """Whether a sequence of `tokens` can be admitted now."""
-        return self.blocks_for(tokens) <= self.free_blocks
+    def fits(self, tokens: int, prefix: Sequence[bytes] = ()) -> bool:
+        """Whether a sequence of `tokens` can be admitted now, reusing what it can of `prefix`."""
+        cached = self._cached(prefix)
+        idle = sum(1 for block in cached if self._references[block] == 0)
+        return self.blocks_for(tokens) - len(cached) <= self.free_blocks - idle
 
-    def allocate(self, tokens: int) -> PagedRow:
-        needed = self.blocks_for(tokens)
-        if needed > self.free_blocks:
-            raise MemoryError(f"{tokens} tokens need {needed} KV blocks; {self.free_blocks} are free")
-        blocks = [self._free.pop() for _ in range(needed)]
-        return PagedRow(blocks)
+    def allocate(self, tokens: int, prefix: Sequence[bytes] = ()) -> PagedRow:
+        """Blocks for `tokens`: first the cached blocks of `prefix` (the row's `length` says how
+        many tokens they hold), then fresh ones, evicting idle cached blocks when none is free."""
+        if not self.fits(tokens, prefix):
+            raise MemoryError(f"{tokens} tokens need {self.blocks_for(tokens)} KV blocks; too few are free")
+        cached = self._cached(prefix)
+        for block in cached:
+            self._idle.pop(block, None)
+            self._references[block] += 1
+        fresh = [self._take() for _ in range(self.blocks_for(tokens) - len(cached))]
+        return PagedRow(cached + fresh, length=len(cached) * self.block_size)
+
+    def publish(self, row: PagedRow) -> None:
+        """Offer the row's whole prompt blocks (`row.prefix`, once written) to later requests; a
+        key another block already holds keeps that block."""
+        for block, key in zip(row.blocks, row.prefix, strict=False):
+            if block not in self._key_of and key not in self._published:
+                self._key_of[block] = key
+                self._published[key] = block
 
     def release(self, row: PagedRow) -> None:
-        self._free.extend(reversed(row.blocks))
+        """Give the row's blocks back; published ones stay cached until evicted, the tail first."""
+        for block in reversed(row.blocks):
+            self._references[block] -= 1
+            if self._references[block] > 0:
+                continue
+            if block in self._key_of:
+                self._idle[block] = None
+            else:
+                self._free.append(block)
         row.blocks = []
+
+    def _cached(self, prefix: Sequence[bytes]) -> list[int]:
+        """The published blocks of `prefix`'s leading keys, up to the first one not cached."""
+        blocks = []
+        for key in prefix:
+            block = self._published.get(key)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
+    def _take(self) -> int:
+        if self._free:
+            block = self._free.pop()
+        else:
+            block, _ = self._idle.popitem(last=False)
+            del self._published[self._key_of.pop(block)]
+        self._references[block] = 1
+        return block
+
+
+def prefix_keys(root: Hashable, tokens: Sequence[int], block_size: int = BLOCK_SIZE) -> list[bytes]:
+    """The chain keys of the whole blocks of `tokens`: block i's key covers `root` (what else the
+    entries depend on: the scaling and its table) and every token up to the end of block i."""
+    keys: list[bytes] = []
+    key = hashlib.sha256(repr(root).encode()).digest()
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        block = b"".join(token.to_bytes(4, "little") for token in tokens[start : start + block_size])
+        key = hashlib.sha256(key + block).digest()
+        keys.append(key)
+    return keys
 
 
 def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:

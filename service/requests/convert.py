@@ -51,7 +51,11 @@ def timing_block(timing: Timing) -> TimingBlock:
 
 
 def usage(result: GenerationResult) -> Usage:
-    return Usage(prompt_tokens=result.prompt_tokens, completion_tokens=len(result.tokens))
+    return Usage(
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=len(result.tokens),
+        cached_tokens=result.cached_tokens,
+    )
 
 
 def finish_reason(result: GenerationResult) -> ClientFinishReason:

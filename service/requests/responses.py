@@ -32,6 +32,7 @@ class PEBlock(BaseModel):
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = Field(0, description="Prompt tokens read from the prefix cache, not computed.")
 
 
 class TimingBlock(BaseModel):

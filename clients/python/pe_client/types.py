@@ -106,6 +106,7 @@ class GenerateParams(ScoreParams, total=False):
 class Usage(_Response):
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens read from the server's prefix cache
 
 
 class PEInfo(_Response):

@@ -103,7 +103,9 @@ async def chat_completions(
         created=created_now(),
         model=model.name,
         choices=choices,
-        usage=openai_usage(len(tokens), sum(len(result.tokens) for result in generated)),
+        usage=openai_usage(
+            len(tokens), sum(len(result.tokens) for result in generated), generated[0].cached_tokens
+        ),
         pe=pe_block(generated[0].pe),
     )
     return json_response(response)
@@ -154,7 +156,7 @@ async def _stream(
     try:
         for index in range(len(handles)):
             yield chunk(ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content="")))
-        completion_tokens = 0
+        completion_tokens = cached_tokens = 0
         async for index, event in merged_events(handles):
             on_event(event)
             if isinstance(event, TokenEvent):
@@ -169,12 +171,13 @@ async def _stream(
                 )
             elif isinstance(event, GenerationResult):
                 completion_tokens += len(event.tokens)
+                cached_tokens += event.cached_tokens if index == 0 else 0
                 end = ChatChunkChoice(
                     index=index, delta=ChatDelta(), finish_reason=openai_finish_reason(event)
                 )
                 yield chunk(end, pe=pe_block(event.pe))
         if body.include_usage:
-            usage = openai_usage(prompt_tokens, completion_tokens)
+            usage = openai_usage(prompt_tokens, completion_tokens, cached_tokens)
             yield sse_event(
                 ChatCompletionChunk(id=response_id, created=created, model=model, choices=[], usage=usage)
             )

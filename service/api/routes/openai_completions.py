@@ -186,7 +186,11 @@ def _response(
         created=created_now(),
         model=model,
         choices=choices,
-        usage=openai_usage(sum(len(prompt.tokens) for prompt in plan.prompts), completion_tokens),
+        usage=openai_usage(
+            sum(len(prompt.tokens) for prompt in plan.prompts),
+            completion_tokens,
+            sum(result.cached_tokens for index, result in enumerate(generated) if index % body.n == 0),
+        ),
         pe=pe_block(pe),
     )
 
@@ -272,7 +276,7 @@ async def _stream(
                 yield chunk(choice, prompt.text, logprobs)
             if not generations:
                 yield chunk(choice, "", None, "length", plan.resolved_pe)
-        completion_tokens = 0
+        completion_tokens = cached_tokens = 0
         async for choice, event in merged_events(generations):
             on_event(event)
             if isinstance(event, TokenEvent):
@@ -285,9 +289,11 @@ async def _stream(
                 yield chunk(choice, event.text, logprobs)
             elif isinstance(event, GenerationResult):
                 completion_tokens += len(event.tokens)
+                cached_tokens += event.cached_tokens if choice % body.n == 0 else 0
                 yield chunk(choice, "", None, openai_finish_reason(event), event.pe)
         if body.include_usage:
-            usage = openai_usage(sum(len(prompt.tokens) for prompt in plan.prompts), completion_tokens)
+            prompt_tokens = sum(len(prompt.tokens) for prompt in plan.prompts)
+            usage = openai_usage(prompt_tokens, completion_tokens, cached_tokens)
             yield sse_event(
                 CompletionResponse(id=response_id, created=created, model=model, choices=[], usage=usage)
             )

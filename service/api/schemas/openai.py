@@ -128,10 +128,15 @@ class OpenAIErrorResponse(BaseModel):
     error: OpenAIErrorDetail
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="Prompt tokens read from the prefix cache, not computed.")
+
+
 class OpenAIUsage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class CompletionLogprobs(BaseModel):

@@ -257,3 +257,19 @@ def test_top_logprobs_are_sorted_alternatives_with_text_in_responses_and_streams
     with client.stream("POST", "/generate", json={**request, "stream": True}) as response:
         *events, _end, _done = list(sse_data(response))
     assert [event["top_logprobs"] for event in events] == body["top_logprobs"]
+
+
+def test_a_repeated_prompt_reports_its_cached_tokens_and_counts_in_metrics(client: httpx.Client) -> None:
+    """The second run of a 40-token prompt reads its first two blocks of 16 from the prefix cache."""
+    tokens = [256, *range(10, 49)]
+    request = {"tokens": tokens, "max_new_tokens": 4, "temperature": 0, "logprobs": True}
+    hits_before = metric_value(client, 'pe_prefix_cache_hits_total{model="tiny-rope"}')
+    first = client.post("/generate", json=request).json()
+    second = client.post("/generate", json=request).json()
+    assert second["usage"]["cached_tokens"] == 32 and second["usage"]["prompt_tokens"] == 40
+    assert second["tokens"] == first["tokens"]
+    assert second["logprobs"] == pytest.approx(first["logprobs"], abs=1e-4)
+    assert metric_value(client, 'pe_prefix_cache_hits_total{model="tiny-rope"}') - hits_before >= 32
+    assert metric_value(client, 'pe_prefix_cache_blocks{model="tiny-rope"}') >= 2
+    completion = client.post("/v1/completions", json={"model": "tiny-rope", "prompt": tokens, "max_tokens": 2})
+    assert completion.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}

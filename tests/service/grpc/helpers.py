@@ -67,7 +67,11 @@ def as_generation(responses: list[pb.GenerateResponse]) -> dict[str, Any]:
         else None,
         "text": "".join(chunk.text for chunk in chunks),
         "finish_reason": end.finish_reason,
-        "usage": {"prompt_tokens": end.usage.prompt_tokens, "completion_tokens": end.usage.completion_tokens},
+        "usage": {
+            "prompt_tokens": end.usage.prompt_tokens,
+            "completion_tokens": end.usage.completion_tokens,
+            "cached_tokens": end.usage.cached_tokens,
+        },
         "model": end.model,
     }
 

@@ -87,8 +87,10 @@ def assert_same_generation(
     http: dict[str, Any], responses: list[Any], logprob_tolerance: float = 0.0
 ) -> None:
     via_grpc = as_generation(responses)
-    for key in ("tokens", "text", "finish_reason", "usage", "model"):
+    for key in ("tokens", "text", "finish_reason", "model"):
         assert via_grpc[key] == http[key], key
+    # The second of two runs of a prompt may read it from the prefix cache: the rest is the same.
+    assert {**via_grpc["usage"], "cached_tokens": 0} == {**http["usage"], "cached_tokens": 0}
     assert via_grpc["logprobs"] == pytest.approx(http["logprobs"], abs=logprob_tolerance, rel=0)
     assert_same_alternatives(via_grpc["top_logprobs"], http.get("top_logprobs"), logprob_tolerance)
     pe = responses[-1].end.pe
@@ -121,7 +123,10 @@ def test_http_and_grpc_generate_the_same(
     client: httpx.Client, grpc_channel: grpc.Channel, scheme: str, sampling: str, scaling: str | None
 ) -> None:
     request = body(scheme, sampling, scaling)
-    assert_same_generation(over_http(client, request), generate(grpc_channel, request, timeout=60))
+    # The second run of the prompt reads its whole blocks from the prefix cache, computed in another
+    # pass shape than its own would be: the same tokens, logprobs within the batch noise.
+    http = over_http(client, request)
+    assert_same_generation(http, generate(grpc_channel, request, timeout=60), logprob_tolerance=BATCH_NOISE)
 
 
 @pytest.mark.parametrize("sampling", SAMPLING)
