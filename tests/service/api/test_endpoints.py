@@ -271,5 +271,7 @@ def test_a_repeated_prompt_reports_its_cached_tokens_and_counts_in_metrics(clien
     assert second["logprobs"] == pytest.approx(first["logprobs"], abs=1e-4)
     assert metric_value(client, 'pe_prefix_cache_hits_total{model="tiny-rope"}') - hits_before >= 32
     assert metric_value(client, 'pe_prefix_cache_blocks{model="tiny-rope"}') >= 2
-    completion = client.post("/v1/completions", json={"model": "tiny-rope", "prompt": tokens, "max_tokens": 2})
+    completion = client.post(
+        "/v1/completions", json={"model": "tiny-rope", "prompt": tokens, "max_tokens": 2}
+    )
     assert completion.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}
