@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from prometheus_client import REGISTRY
@@ -37,50 +37,67 @@ def track(core: PoolOwner) -> None:
     _CORES.add(core)
 
 
+# Per model, one sample of its pool each: (family, name, help, what to read).
+_POOL_FIGURES: tuple[
+    tuple[type[GaugeMetricFamily | CounterMetricFamily], str, str, Callable[[PagedKVCache], float]], ...
+] = (
+    (
+        GaugeMetricFamily,
+        "pe_kv_cache_usage_perc",
+        "Fraction of the model's KV cache blocks reserved by running requests (1 = full).",
+        lambda pool: pool.usage,
+    ),
+    (
+        GaugeMetricFamily,
+        "pe_kv_cache_capacity_tokens",
+        "Tokens the model's KV cache pool holds.",
+        lambda pool: pool.total_blocks * pool.block_size,
+    ),
+    (GaugeMetricFamily, "pe_kv_cache_bytes", "Bytes of the model's KV cache pool.", lambda pool: pool.nbytes),
+    (
+        CounterMetricFamily,
+        "pe_prefix_cache_queries",
+        "Prompt tokens of generations admitted with a prefix to look up in the model's cache.",
+        lambda pool: pool.queried_tokens,
+    ),
+    (
+        CounterMetricFamily,
+        "pe_prefix_cache_hits",
+        "Of those, the tokens read from cached KV blocks.",
+        lambda pool: pool.hit_tokens,
+    ),
+    (
+        GaugeMetricFamily,
+        "pe_prefix_cache_blocks",
+        "KV blocks holding a cached prompt prefix (in use, or idle and evictable).",
+        lambda pool: pool.cached_blocks,
+    ),
+)
+
+
 class _PoolCollector(Collector):
     def collect(self) -> Iterator[Metric]:
-        usage = GaugeMetricFamily(
-            "pe_kv_cache_usage_perc",
-            "Fraction of the model's KV cache blocks reserved by running requests (1 = full).",
-            labels=["model"],
-        )
-        tokens = GaugeMetricFamily(
-            "pe_kv_cache_capacity_tokens", "Tokens the model's KV cache pool holds.", labels=["model"]
-        )
-        size = GaugeMetricFamily("pe_kv_cache_bytes", "Bytes of the model's KV cache pool.", labels=["model"])
-        compile_time = GaugeMetricFamily(
-            "pe_decode_compile_seconds", "Seconds spent compiling the decode pass at start-up."
-        )
+        cores = list(_CORES)
+        for family, name, description, read in _POOL_FIGURES:
+            metric = family(name, description, labels=["model"])
+            for core in cores:
+                for model, pool in core.kv_pools().items():
+                    metric.add_metric([model], read(pool))
+            yield metric
         backend = GaugeMetricFamily(
             "pe_decode_backend",
             "1 for the backend that runs the model's decode passes (eager, compiled, cuda_graphs, c).",
             labels=["model", "backend"],
         )
-        queries = CounterMetricFamily(
-            "pe_prefix_cache_queries",
-            "Prompt tokens of generations admitted with a prefix to look up in the model's cache.",
-            labels=["model"],
-        )
-        hits = CounterMetricFamily(
-            "pe_prefix_cache_hits", "Of those, the tokens read from cached KV blocks.", labels=["model"]
-        )
-        cached = GaugeMetricFamily(
-            "pe_prefix_cache_blocks",
-            "KV blocks holding a cached prompt prefix (in use, or idle and evictable).",
-            labels=["model"],
-        )
-        for core in list(_CORES):
-            for model, pool in core.kv_pools().items():
-                usage.add_metric([model], pool.usage)
-                tokens.add_metric([model], pool.total_blocks * pool.block_size)
-                size.add_metric([model], pool.nbytes)
-                queries.add_metric([model], pool.queried_tokens)
-                hits.add_metric([model], pool.hit_tokens)
-                cached.add_metric([model], pool.cached_blocks)
+        for core in cores:
             for model, chosen in core.backends().items():
                 backend.add_metric([model, str(chosen)], 1.0)
-        compile_time.add_metric([], sum(core.compile_seconds for core in list(_CORES)))
-        yield from (usage, tokens, size, compile_time, backend, queries, hits, cached)
+        yield backend
+        compile_time = GaugeMetricFamily(
+            "pe_decode_compile_seconds", "Seconds spent compiling the decode pass at start-up."
+        )
+        compile_time.add_metric([], sum(core.compile_seconds for core in cores))
+        yield compile_time
 
 
 @functools.cache
