@@ -23,7 +23,7 @@ from service.api.connections import guarded_protocol
 from service.logs import logging_config
 from service.requests.state import Phase, ServiceState
 from service.server import create_server
-from service.settings import Device, DType, EngineMode, LogLevel, Settings
+from service.settings import Device, DType, EngineMode, LogLevel, Settings, Weights
 
 # Seconds uvicorn waits for open connections once the drain is over; responses are complete by then.
 CONNECTION_GRACE_S = 5
@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=get_args(Device), help="default auto (cuda when available)")
     parser.add_argument(
         "--dtype", choices=get_args(DType), help="default auto (bfloat16 on cuda, float32 on cpu)"
+    )
+    parser.add_argument(
+        "--weights",
+        choices=get_args(Weights),
+        help="linear weights kept packed at run time: int8 (one scale per channel), int4 (groups of "
+        "32 with scale and zero, CPU only); /models says which (default float)",
     )
     parser.add_argument(
         "--max-context", type=int, metavar="N", help="longest prompt + generation (default 4096)"

@@ -17,6 +17,8 @@ from service.engine.budget import DEFAULT_PREFILL_SLOWDOWN, DEFAULT_STEP_TOKEN_B
 
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+# How linear weights are kept at run time (`service.model.quantized` packs the non-float ones).
+Weights = Literal["float", "int8", "int4"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 EngineMode = Literal["process", "thread"]
 
@@ -39,6 +41,11 @@ class Settings(BaseSettings):
     )
     device: Device = "auto"
     dtype: DType = "auto"
+    weights: Weights = Field(
+        default="float",
+        description="Linear weights kept packed at run time: float, int8 (per channel) or int4 "
+        "(groups of 32, CPU only).",
+    )
     max_context: int = Field(default=4096, ge=16)
     max_batch_size: int = Field(default=16, ge=1)
     max_queue: int = Field(default=64, ge=0)

@@ -62,6 +62,7 @@ def load_engine(settings: Settings) -> Engine:
         model_dirs=tuple(model_dirs(settings)),
         device=settings.device,
         dtype=settings.dtype,
+        weights=settings.weights,
         max_context=settings.max_context,
         max_batch_size=settings.max_batch_size,
         step_token_budget=settings.step_token_budget,

@@ -17,6 +17,7 @@ class EngineConfig:
     model_dirs: tuple[Path, ...]
     device: str = "auto"
     dtype: str | None = None
+    weights: str = "float"  # `service.settings.Weights`
     max_context: int = 4096
     max_batch_size: int = 16
     step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET

@@ -38,6 +38,7 @@ from service.engine.types import GenerationRequest, PEInfo, ScoreResult, Scoring
 from service.model.backend import Backend, BackendChoice, choose_backend
 from service.model.fast_decode import DEFAULT_MAX_WINDOW, FastDecoder
 from service.model.paged_cache import PagedKVCache
+from service.model.quantized import weights_of
 
 logger = logging.getLogger("service.engine.core")
 
@@ -348,6 +349,7 @@ def _model_batch(served: ServedModel, decode: DecodeSettings, max_batch_size: in
         dtype=weight.dtype,
         threads=torch.get_num_threads(),
         allow_compile=decode.compile,
+        weights=weights_of(model),
     )
     fast = None
     if choice.backend is not Backend.EAGER:

@@ -50,9 +50,11 @@ def load_models(
     device: str = "auto",
     dtype: str | torch.dtype | None = None,
     max_context: int = 4096,
+    weights: str = "float",
     pe_cache: PECache | None = None,
 ) -> list[ServedModel]:
-    """Load every directory (ours or Hugging Face Llama-family) onto one device, in order."""
+    """Load every directory (ours, Hugging Face or GGUF) onto one device, in order, its linear
+    weights kept as `weights` says."""
     target = resolve_device(device)
     cache = pe_cache if pe_cache is not None else process_pe_cache()
     models = []
@@ -63,6 +65,7 @@ def load_models(
                 device=target,
                 dtype=resolve_dtype(dtype, target),
                 max_context=max_context,
+                weights=weights,
                 pe_cache=cache,
             )
         except Exception as error:
@@ -106,6 +109,7 @@ class InferenceEngine(EngineFrontend):
         device: str = "auto",
         dtype: str | torch.dtype | None = None,
         max_context: int = 4096,
+        weights: str = "float",
         max_batch_size: int = 16,
         max_queue: int = 64,
         step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET,
@@ -113,7 +117,9 @@ class InferenceEngine(EngineFrontend):
         decode: DecodeSettings = DEFAULT_DECODE,
         pe_cache: PECache | None = None,
     ) -> InferenceEngine:
-        models = load_models(dirs, device=device, dtype=dtype, max_context=max_context, pe_cache=pe_cache)
+        models = load_models(
+            dirs, device=device, dtype=dtype, max_context=max_context, weights=weights, pe_cache=pe_cache
+        )
         return cls(
             models,
             max_batch_size=max_batch_size,
@@ -133,6 +139,7 @@ class InferenceEngine(EngineFrontend):
             device=config.device,
             dtype=config.dtype,
             max_context=config.max_context,
+            weights=config.weights,
             max_batch_size=config.max_batch_size,
             max_queue=max_queue,
             step_token_budget=config.step_token_budget,

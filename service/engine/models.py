@@ -22,6 +22,7 @@ from service.model.config import ModelConfig
 from service.model.gguf_file import gguf_path, model_name, read_gguf
 from service.model.hf import build_hf_model, is_hf_checkpoint, load_hf_checkpoint
 from service.model.positional import SUPPORTED_SCALINGS, default_scaling
+from service.model.quantized import quantize_weights
 from service.model.transformer import Transformer
 from service.tokenizers import ByteTokenizer, HFTokenizer, TextTokenizer, hf_tokenizer_info
 
@@ -139,9 +140,16 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def load_served_model(
-    directory: Path, *, device: torch.device, dtype: torch.dtype, max_context: int, pe_cache: PECache
+    directory: Path,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_context: int,
+    pe_cache: PECache,
+    weights: str = "float",
 ) -> ServedModel:
-    """Load our checkpoint, a Hugging Face directory (`tokenizer.json` required) or a GGUF file."""
+    """Load our checkpoint, a Hugging Face directory (`tokenizer.json` required) or a GGUF file,
+    then pack its linear weights as `weights` says (a `WeightsError` if they cannot run here)."""
     tokenizer: TextTokenizer
     if is_checkpoint(directory):
         name, _ = read_config(directory)
@@ -176,6 +184,8 @@ def load_served_model(
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
         vocab_size=config.vocab_size,
+        weights=weights,
     )
+    model = quantize_weights(model, weights)  # after counting: packed layers hold no parameters
     spec = ModelSpec(name=name, config=config, tokenizer=tokenizer, info=info, tokenizer_info=tokenizer_info)
     return ServedModel(spec, model)

@@ -74,7 +74,11 @@ def engine_main(connection: Connection, config: EngineConfig) -> None:
     _own_process_metrics()
     try:
         models = load_models(
-            config.model_dirs, device=config.device, dtype=config.dtype, max_context=config.max_context
+            config.model_dirs,
+            device=config.device,
+            dtype=config.dtype,
+            max_context=config.max_context,
+            weights=config.weights,
         )
         # Pools are allocated and fast backends warmed up here: their failures are start-up's too.
         core = EngineCore(

@@ -103,6 +103,7 @@ class ModelInfo:
     dtype: str
     vocab_size: int
     backend: str = "eager"  # the decode path its steps run on (`service.model.backend`)
+    weights: str = "float"  # how its linear weights are kept (`service.model.quantized`)
 
 
 @dataclass(frozen=True)

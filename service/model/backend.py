@@ -51,6 +51,7 @@ def choose_backend(
     dtype: torch.dtype,
     threads: int,
     allow_compile: bool,
+    weights: str = "float",
 ) -> BackendChoice:
     """The backend for a model on `device` in `dtype`, with torch on `threads` intra-op threads.
 
@@ -60,6 +61,9 @@ def choose_backend(
     """
     if not allow_compile:
         return BackendChoice(Backend.EAGER, "--compile is off")
+    if weights != "float":
+        # The fused passes read float weight matrices; packed layers run their own kernels.
+        return BackendChoice(Backend.EAGER, f"{weights} weights run their packed kernels in the eager pass")
     unsupported = unsupported_by_fast_pass(config)
     if unsupported is not None:
         return BackendChoice(Backend.EAGER, f"the fast step cannot run it: {unsupported}")

@@ -133,4 +133,5 @@ def model_card(info: ModelInfo) -> ModelCard:
         device=info.device,
         dtype=info.dtype,
         backend=info.backend,
+        weights=info.weights,
     )

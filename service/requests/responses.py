@@ -107,6 +107,7 @@ class ModelCard(BaseModel):
     device: str
     dtype: str
     backend: str = Field(description="The decode path its steps run on: eager, compiled, cuda_graphs or c.")
+    weights: str = Field(description="How its linear weights are kept at run time: float, int8 or int4.")
 
 
 class ModelsResponse(BaseModel):

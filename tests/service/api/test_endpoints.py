@@ -38,6 +38,7 @@ def test_models_lists_every_resident_model_in_load_order(client: httpx.Client) -
     }
     assert rope["parameters"] > 0 and rope["device"] == "cpu" and rope["dtype"] == "float32"
     assert {card["backend"] for card in models} == {"eager"}  # the default: nothing compiled
+    assert {card["weights"] for card in models} == {"float"}
 
 
 def test_generate_returns_the_spec_response(client: httpx.Client) -> None:
