@@ -172,7 +172,7 @@ class ModelInfo(_Response):
     device: str
     dtype: str
     backend: str  # the decode path its steps run on: eager, compiled, cuda_graphs or c
-    weights: str = "float"  # how its linear weights are kept at run time: float, int8 or int4
+    weights: str  # how its linear weights are kept at run time: float, int8 or int4
 
 
 class ModelList(_Response):
