@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--torch-threads",
         type=int,
         metavar="N",
-        help="torch threads of the engine (default 0: every core but one)",
+        help="torch threads of the engine (default 0: every core)",
     )
     parser.add_argument(
         "--kv-cache-mb", type=int, metavar="MIB", help="KV cache pool per model in MiB (default 128)"

@@ -65,7 +65,7 @@ class Settings(BaseSettings):
         "times its decode pass; 0: off.",
     )
     torch_threads: int = Field(
-        default=0, ge=0, description="Torch threads of the engine; 0 means every core but one."
+        default=0, ge=0, description="Torch threads of the engine; 0 means every core."
     )
     kv_cache_mb: int = Field(
         default=128,

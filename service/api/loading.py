@@ -55,7 +55,7 @@ def load_engine(settings: Settings) -> Engine:
     """The engine process and its client (the default), or the engine on a thread of this process.
 
     In process mode this process keeps one torch thread (it only validates requests); the engine
-    process takes `torch_threads`, by default every core but one, for the model.
+    process takes `torch_threads`, by default every core, for the model.
     """
     config_module = importlib.import_module("service.engine.config")
     config = config_module.EngineConfig(
