@@ -311,9 +311,10 @@ def generate_rates(q4_1: Path, prompts: Sequence[list[int]], sizes: Sizes) -> di
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(
+    model: Any = transformers.AutoModelForCausalLM.from_pretrained(
         str(q4_1.parent), gguf_file=q4_1.name, dtype=torch.float32
-    ).eval()
+    )
+    model.eval()
     options = {"do_sample": False, "min_new_tokens": sizes.new_tokens, "max_new_tokens": sizes.new_tokens}
 
     def rate(batch: Sequence[list[int]]) -> float:
@@ -411,7 +412,7 @@ def report(results: Results, sizes: Sizes, repeats: int, peers: Sequence[Peer]) 
         return f"| {label} | " + " | ".join(values) + f" | {extra} |"
 
     def med(table: dict[str, list[Outcome]], name: str, attribute: str) -> float:
-        return statistics.median(getattr(outcome, attribute) for outcome in table[name])
+        return statistics.median(float(getattr(outcome, attribute)) for outcome in table[name])
 
     generate = {key: statistics.median(run[key] for run in results.generate) for key in results.generate[0]}
     lines += [
