@@ -7,11 +7,13 @@ test that skipped on it would hide a broken C source. Without a compiler the tes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
+import torch
 
 
 def require_kernel(available: Callable[[], bool], name: str) -> None:
@@ -22,3 +24,14 @@ def require_kernel(available: Callable[[], bool], name: str) -> None:
     if os.environ.get("CI") and compiler:
         pytest.fail(f"the {name} kernel did not build although {compiler} is here (the log says why)")
     pytest.skip(f"no C compiler builds the {name} kernel here")
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch (and so the C kernels, which follow it) on `threads` intra-op threads for the block."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -36,7 +36,7 @@ from service.engine.scoring import ChunkedScorer
 from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest, PEInfo, ScoreResult, ScoringRequest, Timing
 from service.model.backend import Backend, BackendChoice, choose_backend
-from service.model.fast_decode import DEFAULT_MAX_WINDOW, FastDecoder
+from service.model.fast_decode import DEFAULT_MAX_WINDOW, FastDecoder, window_bucket
 from service.model.paged_cache import PagedKVCache
 from service.model.quantized import weights_of
 
@@ -54,7 +54,7 @@ class DecodeSettings:
     kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
     compile: bool = False
     prefix_cache: bool = True
-    compile_max_window: int = DEFAULT_MAX_WINDOW
+    compile_max_window: int = DEFAULT_MAX_WINDOW  # the compiled backends' longest window; C has none
 
 
 DEFAULT_DECODE = DecodeSettings()
@@ -355,7 +355,11 @@ def _model_batch(served: ServedModel, decode: DecodeSettings, max_batch_size: in
     if choice.backend is not Backend.EAGER:
         try:
             fast = FastDecoder(
-                model, pool, choice.backend, max_window=decode.compile_max_window, max_batch=max_batch_size
+                model,
+                pool,
+                choice.backend,
+                max_window=_max_window(choice.backend, decode, longest),
+                max_batch=max_batch_size,
             )
             fast.warm_up()
         except Exception as error:
@@ -371,6 +375,15 @@ def _model_batch(served: ServedModel, decode: DecodeSettings, max_batch_size: in
         extra={"model": served.name, "backend": str(choice.backend)},
     )
     return ModelBatch(model, pool, fast, choice.backend, prefix_cache=decode.prefix_cache)
+
+
+def _max_window(backend: Backend, decode: DecodeSettings, longest: int) -> int:
+    """The longest window the fast backend covers. Compiled backends compile an entry per window
+    bucket, so `--compile-max-window` bounds their start-up; the C step compiles nothing per
+    window, so it covers every context the model accepts and no row falls back to eager."""
+    if backend is Backend.C:
+        return window_bucket(longest)
+    return decode.compile_max_window
 
 
 def _score_result(score: _ScoreJob) -> ScoreResult:

@@ -12,7 +12,8 @@ Four backends produce served logits:
 `choose_backend` decides from the device, the dtype, torch's intra-op threads and whether a
 compiler is there, and says why; the engine logs the choice at start-up and reports it per model
 (`ModelInfo.backend`, `/models`, the `pe_serve_step_backend` gauge), so that what runs is never a
-guess. Only `--compile` (`allow_compile`) opens the fast backends: they cost start-up time.
+guess. The C step runs wherever it applies; `--compile` (`allow_compile`) opens the backends
+that cost start-up time (Inductor, CUDA graphs).
 """
 
 from __future__ import annotations
@@ -55,22 +56,24 @@ def choose_backend(
 ) -> BackendChoice:
     """The backend for a model on `device` in `dtype`, with torch on `threads` intra-op threads.
 
-    The C step is single-threaded and float32, so it runs where torch has one thread; with more,
-    Inductor's parallel loops and BLAS's threads win. Inductor on a CPU compiles C++, so without a
-    compiler the model stays eager rather than failing at warm-up.
+    The C step needs no flag: it is built with the host's C compiler in about a second (cached
+    after), and on SmolLM2 it decoded 2.7x as fast as the eager pass at one client and 1.6x at 16
+    (one thread each). It runs float32 on a CPU, on `threads` OpenMP threads. Everything that
+    costs minutes at start-up (Inductor, CUDA graph capture) waits for `--compile`. Inductor on a
+    CPU compiles C++, so without a compiler the model stays eager rather than failing at warm-up.
     """
-    if not allow_compile:
-        return BackendChoice(Backend.EAGER, "--compile is off")
     if weights != "float":
         # The fused passes read float weight matrices; packed layers run their own kernels.
         return BackendChoice(Backend.EAGER, f"{weights} weights run their packed kernels in the eager pass")
     unsupported = unsupported_by_fast_pass(config)
     if unsupported is not None:
         return BackendChoice(Backend.EAGER, f"the fast step cannot run it: {unsupported}")
+    if device.type == "cpu" and dtype == torch.float32 and batch_pass.available():
+        return BackendChoice(Backend.C, f"float32 on a CPU: one C call per pass on {threads} threads")
+    if not allow_compile:
+        return BackendChoice(Backend.EAGER, "--compile is off")
     if device.type == "cuda":
         return BackendChoice(Backend.CUDA_GRAPHS, "a CUDA device: the compiled step, captured")
-    if device.type == "cpu" and dtype == torch.float32 and threads == 1 and batch_pass.available():
-        return BackendChoice(Backend.C, "float32 on a CPU with one torch thread")
     if device.type == "cpu" and not cxx_compiler():
         return BackendChoice(Backend.EAGER, "no C++ compiler for Inductor on this machine")
     return BackendChoice(Backend.COMPILED, f"{dtype} on {device.type} with {threads} torch threads")

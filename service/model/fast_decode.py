@@ -87,6 +87,11 @@ def compiled_step() -> StepFunction:
     return torch.compile(decode_one_token, fullgraph=True, options=options)
 
 
+def window_bucket(positions: int) -> int:
+    """The smallest window bucket (a power of two, at least `MIN_WINDOW`) holding `positions`."""
+    return max(MIN_WINDOW, 1 << (positions - 1).bit_length())
+
+
 class FastDecoder:
     """The decode pass of one model over its block pool, on a fast backend (`backend`)."""
 
@@ -131,8 +136,7 @@ class FastDecoder:
 
     def window_for(self, lengths: Sequence[int]) -> int:
         """The bucket whose window holds every row's keys after this step."""
-        needed = max(lengths) + 1
-        return max(MIN_WINDOW, 1 << (needed - 1).bit_length())
+        return window_bucket(max(lengths) + 1)
 
     def covers(self, lengths: Sequence[int]) -> bool:
         """Whether rows of these cached lengths decode here: their window is within the buckets."""

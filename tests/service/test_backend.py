@@ -38,8 +38,12 @@ def chosen(
     return choice.backend
 
 
-def test_without_compile_every_model_is_eager() -> None:
-    assert chosen(config(), allow_compile=False) is Backend.EAGER
+def test_without_compile_float32_on_a_cpu_runs_in_c_and_the_rest_is_eager() -> None:
+    """The C step starts in about a second, so it needs no flag; what costs minutes waits for one."""
+    require_kernel(batch_pass.available, "batch step")
+    assert chosen(config(), allow_compile=False) is Backend.C
+    assert chosen(config(), threads=2, allow_compile=False) is Backend.C
+    assert chosen(config(), dtype=torch.float64, allow_compile=False) is Backend.EAGER
     assert chosen(config(), device=CUDA, dtype=torch.bfloat16, allow_compile=False) is Backend.EAGER
 
 
@@ -53,25 +57,26 @@ def test_a_cuda_device_replays_graphs() -> None:
     assert chosen(config(), device=CUDA, dtype=torch.bfloat16, threads=8) is Backend.CUDA_GRAPHS
 
 
-def test_one_thread_in_float32_runs_in_c_and_anything_else_compiles() -> None:
+def test_float32_runs_in_c_on_any_threads_and_other_dtypes_compile() -> None:
     require_kernel(batch_pass.available, "batch step")
     assert chosen(config()) is Backend.C
+    assert chosen(config(), threads=2) is Backend.C
     if cxx_compiler() is None:
         pytest.skip("no C++ compiler for Inductor here")
-    assert chosen(config(), threads=2) is Backend.COMPILED
     assert chosen(config(), dtype=torch.float64) is Backend.COMPILED
 
 
 def test_without_a_cxx_compiler_the_torch_step_stays_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CXX", "/nonexistent/c++")
-    choice = choose_backend(config(), device=CPU, dtype=torch.float32, threads=2, allow_compile=True)
+    choice = choose_backend(config(), device=CPU, dtype=torch.float64, threads=2, allow_compile=True)
     assert choice.backend is Backend.EAGER and "C++ compiler" in choice.reason
 
 
 def test_a_compiler_that_fails_at_warm_up_leaves_the_engine_serving_eager(
     make_tiny_checkpoint: TinyCheckpointFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Inductor finds a C++ compiler that cannot build: the engine process starts anyway, reports
+    """Inductor (float64: float32 would run in C) finds a C++ compiler that cannot build: the engine
+    process starts anyway, reports
     `eager` for the model, and generates (the failure once killed it with "exited while loading")."""
     broken = tmp_path / "c++"
     broken.write_text("#!/bin/sh\necho 'cannot compile' >&2\nexit 1\n")
@@ -81,7 +86,7 @@ def test_a_compiler_that_fails_at_warm_up_leaves_the_engine_serving_eager(
     directory = make_tiny_checkpoint("rope", name="tiny-rope-backend", native_context=16)
     settings = DecodeSettings(compile=True, compile_max_window=64)
     engine_config = EngineConfig(
-        model_dirs=(directory,), device="cpu", dtype="float32", torch_threads=2, decode=settings
+        model_dirs=(directory,), device="cpu", dtype="float64", torch_threads=2, decode=settings
     )
     client = EngineClient(engine_config, max_queue=0)
     try:

@@ -26,7 +26,7 @@ from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows
 from service.model.refresh import recompute_row, stale_rows
 from service.model.transformer import Transformer
 from tests.conftest import TINY_CONFIG, TinyCheckpointFactory, rope_scalings, tiny_transformer
-from tests.kernels import require_kernel
+from tests.kernels import require_kernel, torch_threads
 
 NATIVE = 16
 TOLERANCE = 1e-4
@@ -121,16 +121,17 @@ def decode_and_compare(
     return worst
 
 
-@pytest.mark.parametrize("path", ["torch", "kernels"])
+@pytest.mark.parametrize("path", ["torch", "kernels", "kernels-2-threads"])
 @pytest.mark.parametrize(
     ("overrides", "scalings"), [case[1:] for case in SCHEME_CASES], ids=[case[0] for case in SCHEME_CASES]
 )
 def test_reference_step_equals_the_full_pass(
     overrides: dict[str, Any], scalings: list[RopeScaling], path: str
 ) -> None:
-    """Both paths of batches: torch's, and the C kernels (attention on its vector path: 16-wide heads)."""
+    """Both paths of batches: torch's, and the C kernels (attention on its vector path: 16-wide
+    heads), on one thread and sharing the pass among two."""
     overrides = dict(overrides)  # the case's own dict is shared by both paths
-    kernel = path == "kernels"
+    kernel = path.startswith("kernels")
     if kernel:
         require_kernel(batch_pass.available, "batch step")
     heads = {"head_dim_override": WIDE_HEAD} if kernel else {}
@@ -140,7 +141,8 @@ def test_reference_step_equals_the_full_pass(
     model = tiny_transformer(native_context=overrides.pop("native_context", NATIVE), **overrides, **heads)
     backend = Backend.C if kernel else Backend.COMPILED
     decoder = FastDecoder(model, pool_for(model), backend, max_window=128, inductor=False)
-    assert decode_and_compare(model, decoder, scalings) < TOLERANCE
+    with torch_threads(2 if path == "kernels-2-threads" else 1):
+        assert decode_and_compare(model, decoder, scalings) < TOLERANCE
 
 
 def written_entries(pool: PagedKVCache, row: PagedRow) -> torch.Tensor:
@@ -154,11 +156,13 @@ def written_entries(pool: PagedKVCache, row: PagedRow) -> torch.Tensor:
 @pytest.mark.parametrize(
     ("overrides", "scalings"), [case[1:] for case in SCHEME_CASES], ids=[case[0] for case in SCHEME_CASES]
 )
+@pytest.mark.parametrize("threads", [1, 2], ids=["1-thread", "2-threads"])
 def test_prompt_chunks_in_c_equal_the_eager_pass(
-    overrides: dict[str, Any], scalings: list[RopeScaling]
+    overrides: dict[str, Any], scalings: list[RopeScaling], threads: int
 ) -> None:
     """A second prompt chunk, rows of different pasts and counts padded to one width, run as rows of
-    the C step: the same logits, row state and cached entries as the eager pass writes."""
+    the C step: the same logits, row state and cached entries as the eager pass writes, also with
+    the pass shared among two threads (a chunk's rows attend in any order)."""
     require_kernel(batch_pass.available, "batch step")
     overrides = dict(overrides)
     model = tiny_transformer(native_context=overrides.pop("native_context", NATIVE), **overrides)
@@ -196,7 +200,8 @@ def test_prompt_chunks_in_c_equal_the_eager_pass(
             table_lengths=table_lengths,
             counts=list(counts),
         )[:, -1].float()
-    logits = decoder.prefill(views[1], chunks, counts, row_scalings, table_lengths)
+    with torch_threads(threads):
+        logits = decoder.prefill(views[1], chunks, counts, row_scalings, table_lengths)
     assert float((logits - expected).abs().max()) < TOLERANCE
     for eager_row, row in zip(views[0].rows, views[1].rows, strict=True):
         assert (row.length, row.tokens, row.table_key) == (

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from service.model.kernels import packed_linear as kernel
 from service.model.kernels.packed_linear import pack_weight, packed_linear
-from tests.kernels import require_kernel
+from tests.kernels import require_kernel, torch_threads
 
 
 @pytest.fixture(autouse=True)
@@ -40,15 +40,19 @@ def test_packing_round_trips(out_features: int, in_features: int) -> None:
     assert not columns[out_features:].any()  # zero padding
 
 
+@pytest.mark.parametrize("threads", [1, 2], ids=["1-thread", "2-threads"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["plain", "bias"])
 @pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
 @pytest.mark.parametrize("rows", [1, 3, 8, 13, 16, 64])
-def test_the_kernel_equals_f_linear(rows: int, out_features: int, in_features: int, with_bias: bool) -> None:
+def test_the_kernel_equals_f_linear(
+    rows: int, out_features: int, in_features: int, with_bias: bool, threads: int
+) -> None:
     weight, bias = weights(out_features, in_features, seed=rows)
     wide = torch.randn(rows, in_features + 9)
     x = wide[:, 4 : 4 + in_features]  # strided rows
     used_bias = bias if with_bias else None
-    out = packed_linear(x, pack_weight(weight), used_bias, out_features)
+    with torch_threads(threads):
+        out = packed_linear(x, pack_weight(weight), used_bias, out_features)
     assert out.shape == (rows, out_features) and out.is_contiguous()
     torch.testing.assert_close(out, F.linear(x, weight, used_bias), atol=1e-4, rtol=1e-4)
 

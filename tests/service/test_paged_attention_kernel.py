@@ -15,7 +15,7 @@ import torch
 
 from service.model.kernels import paged_attention
 from service.model.kernels.paged_attention import paged_decode_attention, reference_paged_decode_attention
-from tests.kernels import require_kernel
+from tests.kernels import require_kernel, torch_threads
 
 
 @pytest.fixture(autouse=True)
@@ -70,12 +70,15 @@ def both(inputs: Inputs, bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
     return out, ours.key_pages, ours.value_pages, expected, theirs.key_pages, theirs.value_pages
 
 
+@pytest.mark.parametrize("threads", [1, 2], ids=["1-thread", "2-threads"])
 @pytest.mark.parametrize("bias", [False, True], ids=["causal", "biased"])
 @pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("head_dim", [8, 32, 48, 64])
-def test_the_kernel_equals_the_torch_reference(head_dim: int, group: int, bias: bool) -> None:
+def test_the_kernel_equals_the_torch_reference(head_dim: int, group: int, bias: bool, threads: int) -> None:
+    """Every (row, head) pair attends on its own, so threads share them with the same result."""
     tensors, scores_bias = case(head_dim, group, bias=bias)
-    out, keys, values, expected, expected_keys, expected_values = both(tensors, scores_bias)
+    with torch_threads(threads):
+        out, keys, values, expected, expected_keys, expected_values = both(tensors, scores_bias)
     assert out.shape == expected.shape and out.dtype == torch.float32
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)

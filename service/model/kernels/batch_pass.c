@@ -17,7 +17,7 @@
  *   key_pages / value_pages  per layer, [Hkv, NB, BS, hd]: each row's new entries are written
  *   window_blocks [B, nb], positions [B]   as for `paged_decode_attention`
  *   final_norm [D], lm_head (packed, N = V); logits [B, V] out
- *   workspace    `batch_pass_workspace(...)` floats
+ *   workspace    `batch_pass_workspace(...)` floats, sized after `kernel_threads`
  */
 #include "packed_linear.c"
 #include "paged_attention.c"
@@ -27,7 +27,7 @@
 int64_t batch_pass_workspace(int64_t batch, int64_t d_model, int64_t heads, int64_t kv_heads, int64_t head_dim,
                              int64_t ffn, int64_t window) {
     int64_t qkv = (heads + 2 * kv_heads) * head_dim;
-    return batch * (2 * d_model + qkv + heads * head_dim + 3 * ffn) + window;
+    return batch * (2 * d_model + qkv + heads * head_dim + 3 * ffn) + kernel_thread_count * window;
 }
 
 /* torch's rms_norm: weight * (x * rsqrt(mean(x^2) + eps)). */
@@ -66,6 +66,7 @@ static void rotate_head(float *restrict x, const float *restrict cos, const floa
  * exponentials come first in a loop of their own, which vectorizes (fused with the rest, it did
  * not: 129 us a layer at 64 rows). */
 static void gated_activation(const float *restrict gate_up, float *restrict out, int64_t batch, int64_t ffn) {
+#pragma omp for schedule(static)
     for (int64_t b = 0; b < batch; b++) {
         const float *gate = gate_up + b * 2 * ffn, *up = gate + ffn;
         float *row = out + b * ffn;
@@ -97,10 +98,16 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
     float *projected = attended + batch * attended_width, *gate_up = projected + batch * d_model;
     float *activation = gate_up + batch * 2 * ffn, *scores = activation + batch * ffn;
     float scale = 1.0f / sqrtf((float)head_dim);
+    /* One team for the whole pass: the products, the attention and the activation share their
+     * loops among its threads; the norms, rotations and residual adds (a few microseconds) run on
+     * one thread while the others wait at the end of each `single`. */
+#pragma omp parallel num_threads(kernel_thread_count)
     for (int64_t l = 0; l < n_layers; l++) {
         const float *const *w = layers + l * LAYER_TENSORS;
+#pragma omp single
         rms_norm_rows(hidden, w[0], normed, batch, d_model, eps);
-        packed_linear(normed, d_model, w[1], w[2], qkv, batch, d_model, qkv_width);
+        packed_linear_shared(normed, d_model, w[1], w[2], qkv, batch, d_model, qkv_width);
+#pragma omp single
         if (rope_cos) {
             for (int64_t b = 0; b < batch; b++) {
                 for (int64_t h = 0; h < heads + kv_heads; h++) { /* queries, then keys */
@@ -109,18 +116,23 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
                 }
             }
         }
-        paged_decode_attention(qkv, qkv + attended_width, qkv + attended_width + kv_heads * head_dim,
+        paged_attention_shared(qkv, qkv + attended_width, qkv + attended_width + kv_heads * head_dim,
                                key_pages[l], value_pages[l], window_blocks, positions, bias, attended, scores,
                                qkv_width, qkv_width, qkv_width, batch, heads, kv_heads, head_dim, num_blocks,
                                block_size, blocks_per_row, scale);
-        packed_linear(attended, attended_width, w[3], NULL, projected, batch, attended_width, d_model);
-        add_rows(hidden, projected, batch * d_model);
-        rms_norm_rows(hidden, w[4], normed, batch, d_model, eps);
-        packed_linear(normed, d_model, w[5], NULL, gate_up, batch, d_model, 2 * ffn);
+        packed_linear_shared(attended, attended_width, w[3], NULL, projected, batch, attended_width, d_model);
+#pragma omp single
+        {
+            add_rows(hidden, projected, batch * d_model);
+            rms_norm_rows(hidden, w[4], normed, batch, d_model, eps);
+        }
+        packed_linear_shared(normed, d_model, w[5], NULL, gate_up, batch, d_model, 2 * ffn);
         gated_activation(gate_up, activation, batch, ffn);
-        packed_linear(activation, ffn, w[6], NULL, projected, batch, ffn, d_model);
+        packed_linear_shared(activation, ffn, w[6], NULL, projected, batch, ffn, d_model);
+#pragma omp single
         add_rows(hidden, projected, batch * d_model);
     }
     rms_norm_rows(hidden, final_norm, normed, batch, d_model, eps);
-    packed_linear(normed, d_model, lm_head, NULL, logits, batch, d_model, vocab);
+#pragma omp parallel num_threads(kernel_thread_count)
+    packed_linear_shared(normed, d_model, lm_head, NULL, logits, batch, d_model, vocab);
 }

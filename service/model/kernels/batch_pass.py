@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from service.model.config import ModelConfig
-from service.model.kernels.build import kernel_function
+from service.model.kernels.build import kernel_function, use_threads
 
 _SOURCE = Path(__file__).with_name("batch_pass.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -91,6 +91,7 @@ class BatchPass:
         bias = _floats(bias) if bias is not None else None
         window_blocks, positions = (t.to(torch.int64).contiguous() for t in (window_blocks, positions))
         heads = config.n_heads, config.n_kv_heads, config.head_dim
+        use_threads(_SOURCE, torch.get_num_threads())  # before sizing: each thread has its scores
         floats = workspace_floats(batch, config.d_model, *heads, config.ffn_hidden, window)
         workspace = torch.empty(floats, dtype=torch.float32)
         logits = torch.empty((batch, config.vocab_size), dtype=torch.float32)

@@ -19,7 +19,7 @@ from typing import Any
 
 logger = logging.getLogger("service.model.kernels")
 
-FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fPIC", "-shared")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fPIC", "-shared")
 
 
 @functools.cache
@@ -35,6 +35,13 @@ def kernel_function(source: Path, name: str, argtypes: tuple[Any, ...]) -> Any:
     function.restype = None
     function.argtypes = list(argtypes)
     return function
+
+
+def use_threads(source: Path, threads: int) -> None:
+    """Run `source`'s parallel loops on `threads` OpenMP threads from now on (`threads.h`)."""
+    function = kernel_function(source, "kernel_threads", (ctypes.c_int64,))
+    if function is not None:
+        function(threads)
 
 
 def built_library(source: Path) -> Path:

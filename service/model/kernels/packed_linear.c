@@ -9,11 +9,17 @@
  * tile keeps its 8 x 32 sums in registers and broadcasts one input at a time.
  *
  * Layouts (float32): x rows `x_row_stride` floats apart, contiguous within a row; out [M, N]
- * contiguous; bias [N] or NULL. Single-threaded, like the attention kernel.
+ * contiguous; bias [N] or NULL.
+ *
+ * Panels are shared out among the OpenMP threads (`kernel_threads`, the caller's torch thread
+ * count): each thread reads its own share of the weight, which is what bounds a decode pass.
+ * `packed_linear_shared` is the loop for a team that is already running (the batch step opens
+ * one team for its whole pass: a team per product cost 25 us each, 4 ms of a SmolLM2 step).
  */
 #include <stdint.h>
 #include <string.h>
 
+#include "threads.h"
 #include "vec16.h"
 
 #define PANEL 32
@@ -59,10 +65,15 @@ static inline __attribute__((always_inline)) void tile_rows(const float *x, int6
     }
 }
 
-void packed_linear(const float *x, int64_t x_row_stride, const float *packed, const float *bias, float *out,
-                   int64_t m_size, int64_t k_size, int64_t n_size) {
-    float panel_bias[PANEL];
-    for (int64_t n = 0; n < n_size; n += PANEL) {
+/* Every thread of the running team calls this; each computes its share of the panels, and all
+ * wait at the end for the whole product. */
+static void packed_linear_shared(const float *x, int64_t x_row_stride, const float *packed, const float *bias,
+                                 float *out, int64_t m_size, int64_t k_size, int64_t n_size) {
+    int64_t panels = (n_size + PANEL - 1) / PANEL;
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < panels; p++) {
+        float panel_bias[PANEL];
+        int64_t n = p * PANEL;
         const float *panel = packed + n * k_size;
         int64_t columns = n_size - n < PANEL ? n_size - n : PANEL;
         memset(panel_bias, 0, sizeof panel_bias);
@@ -84,4 +95,10 @@ void packed_linear(const float *x, int64_t x_row_stride, const float *packed, co
             default: break;
         }
     }
+}
+
+void packed_linear(const float *x, int64_t x_row_stride, const float *packed, const float *bias, float *out,
+                   int64_t m_size, int64_t k_size, int64_t n_size) {
+#pragma omp parallel num_threads(kernel_thread_count)
+    packed_linear_shared(x, x_row_stride, packed, bias, out, m_size, k_size, n_size);
 }

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from service.model.kernels.build import kernel_function
+from service.model.kernels.build import kernel_function, use_threads
 
 _SOURCE = Path(__file__).with_name("packed_linear.c")
 PANEL = 32
@@ -62,6 +62,7 @@ def packed_linear(input: Tensor, packed_weight: Tensor, bias: Tensor | None, out
     bias = bias.float().contiguous() if bias is not None else None
     packed_weight = packed_weight.contiguous()
     out = torch.empty((rows.shape[0], out_features), dtype=torch.float32)
+    use_threads(_SOURCE, torch.get_num_threads())
     kernel(
         rows.data_ptr(),
         rows.stride(0),

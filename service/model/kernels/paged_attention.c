@@ -12,7 +12,7 @@
  *   positions    [B]              each row's position (its keys before this step)
  *   bias         [B, H, nb * BS] or NULL: added to the scaled scores (ALiBi, T5)
  *   out          [B, H, D]
- *   scores       scratch of nb * BS floats
+ *   scores       scratch of threads * nb * BS floats (`kernel_threads`)
  *
  * Blocks of 16 keys with heads a multiple of 16 wide (every zoo and Llama-family model) take the
  * vector path: a block's 16 dot products are reduced together by a transposing tree of shuffles
@@ -20,13 +20,18 @@
  * takes the scalar path. GCC's vector extensions keep it portable: they lower to AVX-512, AVX2 or
  * NEON, whatever `-march=native` finds.
  *
- * Single-threaded by design: the engine runs torch with one intra-op thread on CPU, and the
- * caller takes this path only then.
+ * Rows' new entries are written first, then every (row, head) pair attends on its own among
+ * `kernel_threads` OpenMP threads, each with its own `scores` scratch. A row of a prompt chunk
+ * reads only positions up to its own, so the entries its chunk wrote after it stay unseen.
  */
 #include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stdint.h>
 #include <string.h>
 
+#include "threads.h"
 #include "vec16.h"
 
 #define LN2_HI 0.693359375f
@@ -231,31 +236,55 @@ static void write_new_entries(const float *row_entries, float *pages, int64_t kv
     }
 }
 
-void paged_decode_attention(const float *queries, const float *new_keys, const float *new_values,
-                            float *key_pages, float *value_pages, const int64_t *block_table,
-                            const int64_t *positions, const float *bias, float *out, float *scores,
-                            int64_t query_row_stride, int64_t key_row_stride, int64_t value_row_stride,
-                            int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                            int64_t num_blocks, int64_t block_size, int64_t blocks_per_row, float scale) {
+/* Every thread of the running team calls this (see `paged_decode_attention`). */
+static void paged_attention_shared(const float *queries, const float *new_keys, const float *new_values,
+                                   float *key_pages, float *value_pages, const int64_t *block_table,
+                                   const int64_t *positions, const float *bias, float *out, float *scores,
+                                   int64_t query_row_stride, int64_t key_row_stride, int64_t value_row_stride,
+                                   int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                   int64_t num_blocks, int64_t block_size, int64_t blocks_per_row, float scale) {
     int64_t head_stride = num_blocks * block_size * head_dim;
     int64_t window = blocks_per_row * block_size;
     int64_t group = heads / kv_heads;
+#pragma omp single
     for (int64_t b = 0; b < batch; b++) {
         const int64_t *blocks = block_table + b * blocks_per_row;
         int64_t position = positions[b];
         int64_t slot = blocks[position / block_size] * block_size + position % block_size;
         write_new_entries(new_keys + b * key_row_stride, key_pages, kv_heads, head_dim, head_stride, slot);
         write_new_entries(new_values + b * value_row_stride, value_pages, kv_heads, head_dim, head_stride, slot);
-        for (int64_t h = 0; h < heads; h++) {
-            int64_t kv = h / group;
-            if (b + 1 < batch && h % group == 0) {
-                prefetch_row_head(key_pages + kv * head_stride, value_pages + kv * head_stride,
-                                  blocks + blocks_per_row, positions[b + 1] + 1, block_size * head_dim, block_size);
-            }
-            attend_head(queries + b * query_row_stride + h * head_dim, key_pages + kv * head_stride,
-                        value_pages + kv * head_stride, blocks, position + 1,
-                        bias ? bias + (b * heads + h) * window : NULL, out + (b * heads + h) * head_dim, scores,
-                        block_size, head_dim, scale);
-        }
     }
+    /* Pairs in row order, heads of one key head together: a thread's next pair reads the keys
+     * its last one did, or the next row's, which it asks for one row ahead. */
+#pragma omp for schedule(static)
+    for (int64_t pair = 0; pair < batch * heads; pair++) {
+        int64_t b = pair / heads, h = pair % heads, kv = h / group;
+        const int64_t *blocks = block_table + b * blocks_per_row;
+        int64_t position = positions[b];
+#ifdef _OPENMP
+        float *own_scores = scores + (int64_t)omp_get_thread_num() * window;
+#else
+        float *own_scores = scores;
+#endif
+        if (b + 1 < batch && h % group == 0) {
+            prefetch_row_head(key_pages + kv * head_stride, value_pages + kv * head_stride,
+                              blocks + blocks_per_row, positions[b + 1] + 1, block_size * head_dim, block_size);
+        }
+        attend_head(queries + b * query_row_stride + h * head_dim, key_pages + kv * head_stride,
+                    value_pages + kv * head_stride, blocks, position + 1,
+                    bias ? bias + (b * heads + h) * window : NULL, out + (b * heads + h) * head_dim, own_scores,
+                    block_size, head_dim, scale);
+    }
+}
+
+void paged_decode_attention(const float *queries, const float *new_keys, const float *new_values,
+                            float *key_pages, float *value_pages, const int64_t *block_table,
+                            const int64_t *positions, const float *bias, float *out, float *scores,
+                            int64_t query_row_stride, int64_t key_row_stride, int64_t value_row_stride,
+                            int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                            int64_t num_blocks, int64_t block_size, int64_t blocks_per_row, float scale) {
+#pragma omp parallel num_threads(kernel_thread_count)
+    paged_attention_shared(queries, new_keys, new_values, key_pages, value_pages, block_table, positions, bias, out,
+                           scores, query_row_stride, key_row_stride, value_row_stride, batch, heads, kv_heads,
+                           head_dim, num_blocks, block_size, blocks_per_row, scale);
 }

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from service.model.kernels.build import kernel_function
+from service.model.kernels.build import kernel_function, use_threads
 
 _SOURCE = Path(__file__).with_name("paged_attention.c")
 _ARGUMENTS = (ctypes.c_void_p,) * 10 + (ctypes.c_int64,) * 10 + (ctypes.c_float,)
@@ -62,7 +62,9 @@ def paged_decode_attention(
     window_blocks, positions = (t.to(torch.int64).contiguous() for t in (window_blocks, positions))
     bias = bias.float().contiguous() if bias is not None else None
     out = torch.empty((batch, heads, head_dim), dtype=torch.float32)
-    scores = torch.empty(window_blocks.shape[1] * block_size, dtype=torch.float32)
+    threads = torch.get_num_threads()
+    use_threads(_SOURCE, threads)
+    scores = torch.empty(threads * window_blocks.shape[1] * block_size, dtype=torch.float32)  # one each
     kernel(
         queries.data_ptr(),
         new_keys.data_ptr(),

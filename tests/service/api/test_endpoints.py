@@ -8,6 +8,7 @@ import math
 import httpx
 import pytest
 
+from service.model.decode_pass import FAST_SCHEMES
 from tests.service.api.conftest import MAX_CONTEXT, NATIVE_CONTEXT, SCHEME_ORDER, model_name
 from tests.service.api.helpers import DONE, metric_value, sse_data
 
@@ -37,7 +38,10 @@ def test_models_lists_every_resident_model_in_load_order(client: httpx.Client) -
         "longrope",
     }
     assert rope["parameters"] > 0 and rope["device"] == "cpu" and rope["dtype"] == "float32"
-    assert {card["backend"] for card in models} == {"eager"}  # the default: nothing compiled
+    # The default: the C step where it applies (float32, a scheme whose attention is a bias on
+    # the scores), else eager; nothing compiled.
+    expected = {card["name"]: "c" if card["scheme"] in FAST_SCHEMES else "eager" for card in models}
+    assert {card["name"]: card["backend"] for card in models} == expected
     assert {card["weights"] for card in models} == {"float"}
 
 
