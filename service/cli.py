@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile-max-window",
         type=int,
         metavar="N",
-        help="longest context the fast decode pass covers; longer ones run eager (default 512)",
+        help="longest context the compiled steps cover (the C step has no bound); longer ones run "
+        "eager (default 512)",
     )
     parser.add_argument(
         "--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (comma-separate several)"

@@ -33,6 +33,8 @@ from service.engine.types import (
     ScoringRequest,
 )
 from service.model.checkpoint import load_checkpoint
+from service.model.fast_decode import FastDecoder
+from service.model.paged_cache import PagedRows
 from tests.conftest import TINY_CONFIG, TinyCheckpointFactory, rope_scalings
 
 NATIVE = 16
@@ -135,19 +137,32 @@ def test_scoring_in_chunks_equals_one_pass(rope_dir: Path, scaling: str) -> None
     assert max(differences) <= 1e-5
 
 
-def plant_fault(model: torch.nn.Module, when: Callable[[Any], bool]) -> None:
-    """Make the model's pass raise whenever `when(cache)` holds, as a kernel failure would."""
+def plant_fault(
+    model: torch.nn.Module, when: Callable[[Sequence[int]], bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Make every pass over rows of cached lengths `when` accepts raise, as a kernel failure would:
+    the model's own forward and the fast decode pass alike (the C step, a CPU's default)."""
     original = model.forward
 
     def faulty(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("cache") is not None and when(kwargs["cache"]):
+        if kwargs.get("cache") is not None and when(kwargs["cache"].lengths):
             raise RuntimeError("planted fault")
         return original(*args, **kwargs)
 
     model.forward = faulty  # type: ignore[method-assign]
+    fast_decode = FastDecoder.decode
+
+    def faulty_fast_decode(self: FastDecoder, rows: PagedRows, *args: Any) -> torch.Tensor:
+        if when(rows.lengths):
+            raise RuntimeError("planted fault")
+        return fast_decode(self, rows, *args)
+
+    monkeypatch.setattr(FastDecoder, "decode", faulty_fast_decode)
 
 
-def test_a_fault_in_a_batched_step_fails_its_row_and_the_others_match_their_solo_runs(rope_dir: Path) -> None:
+def test_a_fault_in_a_batched_step_fails_its_row_and_the_others_match_their_solo_runs(
+    rope_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The fault fires in the 4th decode pass of the shortest row, batched or alone: that row fails.
 
     The other rows were in the batched step that raised; they are rerun from their untouched cache
@@ -159,9 +174,10 @@ def test_a_fault_in_a_batched_step_fails_its_row_and_the_others_match_their_solo
         request(i, p, SCALINGS[name]) for i, (p, name) in enumerate(zip(prompts, MIXED[:3], strict=True))
     ]
     models = cpu_models(rope_dir)
-    plant_fault(models[0].model, lambda cache: faulty_length in cache.lengths)
+    plant_fault(models[0].model, lambda lengths: faulty_length in lengths, monkeypatch)
     with engine_over(models, step_token_budget=4096) as engine:
         together = outcomes(engine, requests)
+    monkeypatch.undo()
     with engine_over(cpu_models(rope_dir)) as clean:
         alone = [outcomes(clean, [item])[0] for item in requests]
     assert isinstance(together[0], RequestFailedError)

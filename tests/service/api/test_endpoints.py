@@ -204,7 +204,7 @@ def test_metrics_report_each_models_kv_pool(client: httpx.Client) -> None:
     assert metric_value(client, 'pe_kv_cache_usage_perc{model="tiny-rope"}') == 0.0
     assert metric_value(client, 'pe_kv_cache_capacity_tokens{model="tiny-rope"}') >= MAX_CONTEXT
     assert metric_value(client, 'pe_kv_cache_bytes{model="tiny-rope"}') > 0
-    assert metric_value(client, 'pe_decode_backend{backend="eager",model="tiny-rope"}') == 1.0
+    assert metric_value(client, 'pe_decode_backend{backend="c",model="tiny-rope"}') == 1.0
 
 
 def test_openapi_has_an_example_per_scaling_type(client: httpx.Client) -> None:
