@@ -211,12 +211,14 @@ class FastDecoder:
         """Logits float32 [B, V] at each row's last real chunk token; advances the rows (`prefills`).
 
         Every real token of the chunk runs as a row of the C step, at its own position, with its
-        sequence's blocks and table. The kernel writes each row's key and value just before that
-        row attends, in row order, so a token sees the ones before it in its chunk, as in the
-        eager pass. Its products then run on weights packed for them, and one call replaces the
-        eager pass's few hundred ops: 50 ms against 70-79 ms for 32 rows of 32 tokens of a zoo
-        model (a /tmp probe, 3 alternating runs). Logits are computed for every token and kept for
-        the last; the output layer is 3% of a zoo model's products.
+        sequence's blocks and table. The kernel writes every row's key and value first, then each
+        row attends over the positions up to its own, so a token sees the ones before it in its
+        chunk, as in the eager pass. Its products then run on weights packed for them, and one
+        call replaces the eager pass's few hundred ops: 50 ms against 70-79 ms for 32 rows of 32
+        tokens of a zoo model (a /tmp probe, 3 alternating runs). The C pass stops before the
+        output layer, and only each row's last token goes through it (in torch): with a
+        vocabulary of 49,152 (SmolLM2) the head over every token of a 1,536-token chunk was a
+        fifth of its products and 300 MB of logits.
         """
         device = self._device
         lengths = rows.lengths
@@ -240,12 +242,13 @@ class FastDecoder:
             index,
             *tables[1:],
         )
-        with torch.inference_mode():
-            logits = self._run_in_c(inputs)
         last = torch.tensor(list(itertools.accumulate(counts)), device=device) - 1
+        with torch.inference_mode():
+            hidden = self._run_in_c(inputs, logits=False)  # [T, D], the residual after every layer
+            logits: Tensor = self.model.lm_head(self.model.norm(hidden[last])).float()
         keys = self._table_keys(scalings, table_lengths)
         rows.advance(torch.tensor([list(chunk) for chunk in chunks]), keys, counts)
-        return logits[last]
+        return logits
 
     def _table_keys(self, scalings: Sequence[RopeScaling], table_lengths: Sequence[int]) -> list[Hashable]:
         """Each row's table key, worked out once a step: the stacks and the rows both need it."""
@@ -280,11 +283,12 @@ class FastDecoder:
                 return self._run_in_c(inputs)
             return self._torch_step(inputs)
 
-    def _run_in_c(self, inputs: PassInputs) -> Tensor:
-        """The step in C, after the torch step's own prelude (embedding, tables, bias)."""
+    def _run_in_c(self, inputs: PassInputs, *, logits: bool = True) -> Tensor:
+        """The step in C, after the torch step's own prelude (embedding, tables, bias): logits
+        [B, V], or with `logits=False` the final residual [B, D] before the model's last norm."""
         assert self.c_pass is not None
         hidden, rope, bias = pass_prelude(self.shape, self.weights, inputs)
-        return self.c_pass(hidden, rope, bias, inputs.window_blocks, inputs.positions)
+        return self.c_pass(hidden, rope, bias, inputs.window_blocks, inputs.positions, logits=logits)
 
     def _torch_step(self, inputs: PassInputs) -> Tensor:
         """The torch step, compiled or not. Batch size and table count vary without recompiling

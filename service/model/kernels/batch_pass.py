@@ -77,9 +77,13 @@ class BatchPass:
         bias: Tensor | None,
         window_blocks: Tensor,
         positions: Tensor,
+        *,
+        logits: bool = True,
     ) -> Tensor:
-        """Logits float32 [B, V] from the embedded rows `hidden` [B, D] (overwritten), each row's
-        rotary tables at its position ([B, rotary_dim] each) and the scores' bias [B, H, W]."""
+        """Logits float32 [B, V] from the embedded rows `hidden` [B, D], each row's rotary tables
+        at its position ([B, rotary_dim] each) and the scores' bias [B, H, W]. With `logits=False`
+        the pass stops before the output layer (a vocabulary of no entries) and returns the final
+        residual [B, D], the layers' output the kernel leaves in the rows it was given."""
         step, workspace_floats = _pass(), _workspace_floats()
         if step is None or workspace_floats is None:
             raise RuntimeError("the batch step kernel is not available on this machine")
@@ -94,7 +98,8 @@ class BatchPass:
         use_threads(_SOURCE, torch.get_num_threads())  # before sizing: each thread has its scores
         floats = workspace_floats(batch, config.d_model, *heads, config.ffn_hidden, window)
         workspace = torch.empty(floats, dtype=torch.float32)
-        logits = torch.empty((batch, config.vocab_size), dtype=torch.float32)
+        vocab = config.vocab_size if logits else 0
+        out = torch.empty((batch, vocab), dtype=torch.float32)
         step(
             hidden.data_ptr(),
             cos.data_ptr() if cos is not None else None,
@@ -107,7 +112,7 @@ class BatchPass:
             positions.data_ptr(),
             self._final_norm,
             self._lm_head,
-            logits.data_ptr(),
+            out.data_ptr(),
             workspace.data_ptr(),
             batch,
             self._n_layers,
@@ -116,7 +121,7 @@ class BatchPass:
             config.n_kv_heads,
             config.head_dim,
             config.ffn_hidden,
-            config.vocab_size,
+            vocab,
             config.rotary_dim if rope is not None else 0,
             int(config.rope_layout == "gptj"),  # pairs (2i, 2i + 1), not (c, c + rotary_dim / 2)
             self._num_blocks,
@@ -124,7 +129,7 @@ class BatchPass:
             blocks_per_row,
             config.norm_eps,
         )
-        return logits
+        return out if logits else hidden
 
 
 def _pointers(tensors: Sequence[Tensor | None]) -> ctypes.Array[ctypes.c_void_p]:
