@@ -51,6 +51,16 @@ READY_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 1800.0
 SLOTS = 16
 SLOT_CONTEXT = 4096  # pe-serve's default --max-context, and each llama-server slot's
+# One of every type, each extending SmolLM2's 8,192 native positions 4x (`bench.throughput`'s).
+_EXTENSION = {"factor": 4.0, "original_max_position_embeddings": 8192}
+MIXED_SCALINGS: list[dict[str, Any]] = [
+    {"type": "none"},
+    {"type": "linear", "factor": 4.0},
+    {"type": "ntk", "factor": 4.0},
+    {"type": "dynamic", **_EXTENSION, "dynamic_mode": "bucketed"},
+    {"type": "yarn", **_EXTENSION},
+    {"type": "llama3", **_EXTENSION},
+]
 
 
 @dataclass(frozen=True)
@@ -232,15 +242,21 @@ class Outcome:
 
 
 async def complete(
-    client: httpx.AsyncClient, model: str, prompt: list[int], new_tokens: int
+    client: httpx.AsyncClient,
+    model: str,
+    prompt: list[int],
+    new_tokens: int,
+    scaling: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    body = {
+    body: dict[str, Any] = {
         "model": model,
         "prompt": prompt,
         "max_tokens": new_tokens,
         "temperature": 0,
         "ignore_eos": True,
     }
+    if scaling is not None:
+        body["pe_scaling"] = scaling
     response = await client.post("/v1/completions", json=body)
     if response.status_code != 200:
         raise RuntimeError(f"/v1/completions answered {response.status_code}: {response.text[:300]}")
@@ -256,19 +272,29 @@ def cached_of(reply: dict[str, Any]) -> int:
     return int(details.get("cached_tokens") or 0)
 
 
-def run_clients(server: Running, prompts: Sequence[list[int]], new_tokens: int, sequential: int) -> Outcome:
-    """`len(prompts)` clients at once, each sending `sequential` requests one after another."""
+def run_clients(
+    server: Running,
+    prompts: Sequence[list[int]],
+    new_tokens: int,
+    sequential: int,
+    scalings: Sequence[dict[str, Any] | None] | None = None,
+) -> Outcome:
+    """`len(prompts)` clients at once, each sending `sequential` requests one after another,
+    client i with `scalings[i]` as its `pe_scaling` (pe-serve only) where given."""
+    per_client = list(scalings) if scalings is not None else [None] * len(prompts)
 
     async def run() -> Outcome:
         async with http_client(server.base_url, REQUEST_TIMEOUT_S) as client:
 
-            async def one_client(prompt: list[int]) -> int:
+            async def one_client(prompt: list[int], scaling: dict[str, Any] | None) -> int:
                 for _ in range(sequential):
-                    await complete(client, server.model, prompt, new_tokens)
+                    await complete(client, server.model, prompt, new_tokens, scaling)
                 return sequential * new_tokens
 
             start = time.perf_counter()
-            counts = await asyncio.gather(*(one_client(prompt) for prompt in prompts))
+            counts = await asyncio.gather(
+                *(one_client(prompt, scaling) for prompt, scaling in zip(prompts, per_client, strict=True))
+            )
             return Outcome(sum(counts), time.perf_counter() - start)
 
     return asyncio.run(run())
@@ -337,6 +363,8 @@ class Results:
     cold: dict[str, list[Outcome]] = field(default_factory=dict)
     warm: dict[str, list[Outcome]] = field(default_factory=dict)
     split: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    uniform: dict[str, list[Outcome]] = field(default_factory=dict)  # every client YaRN x4
+    mixed: dict[str, list[Outcome]] = field(default_factory=dict)  # six scaling types in one batch
     generate: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -361,6 +389,13 @@ def measure(peers: Sequence[Peer], tokens: list[int], q4_1: Path, sizes: Sizes, 
                 if before is not None:
                     after = cpu_seconds(server.process.pid)
                     results.split.setdefault(name, []).append({k: after[k] - before[k] for k in after})
+                if server.peer.is_pe_serve:  # per-request scalings: what no other server has
+                    mix = [MIXED_SCALINGS[i % len(MIXED_SCALINGS)] for i in range(len(short))]
+                    uniform = [MIXED_SCALINGS[-2]] * len(short)  # yarn x4
+                    for table, scalings in ((results.uniform, uniform), (results.mixed, mix)):
+                        table.setdefault(name, []).append(
+                            run_clients(server, short, sizes.new_tokens, 1, scalings)
+                        )
                 results.cold.setdefault(name, []).append(
                     run_prompt(server, long_prompt, sizes.long_new_tokens)
                 )
@@ -453,6 +488,22 @@ def report(results: Results, sizes: Sizes, repeats: int, peers: Sequence[Peer]) 
     lines += [
         "",
         f"{names[0]} against generate(): 1 client {one_generate:.2f}x.",
+        "",
+        f"Mixed scalings, {sizes.clients} clients at once: every client YaRN x4 (uniform) against the "
+        "six types (none, linear, ntk, dynamic, yarn, llama3; x4 each) in one batch:",
+        "",
+        "| pe-serve | uniform, tok/s | mixed, tok/s | mixed / uniform |",
+        "|---|---|---|---|",
+    ]
+    for name in results.mixed:
+        mixed_ratio = ratio(
+            {"m": results.mixed[name], "u": results.uniform[name]}, "m", "u", time_based=False
+        )
+        lines.append(
+            f"| {name} | {med(results.uniform, name, 'tokens_per_s'):.1f} | "
+            f"{med(results.mixed, name, 'tokens_per_s'):.1f} | {mixed_ratio:.3f} |"
+        )
+    lines += [
         "",
         f"CPU seconds over the {sizes.clients}-client run, API process / engine process (medians):",
         "",
