@@ -43,6 +43,7 @@ from typing import Any
 import httpx
 
 from bench.serving import code_revision, free_port, http_client, log_tail
+from bench.throughput import scaling_specs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LLAMA_SERVER = Path.home() / ".cache/pe-serve/llama-cpp/bin/llama-server"
@@ -51,16 +52,9 @@ READY_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 1800.0
 SLOTS = 16
 SLOT_CONTEXT = 4096  # pe-serve's default --max-context, and each llama-server slot's
-# One of every type, each extending SmolLM2's 8,192 native positions 4x (`bench.throughput`'s).
-_EXTENSION = {"factor": 4.0, "original_max_position_embeddings": 8192}
-MIXED_SCALINGS: list[dict[str, Any]] = [
-    {"type": "none"},
-    {"type": "linear", "factor": 4.0},
-    {"type": "ntk", "factor": 4.0},
-    {"type": "dynamic", **_EXTENSION, "dynamic_mode": "bucketed"},
-    {"type": "yarn", **_EXTENSION},
-    {"type": "llama3", **_EXTENSION},
-]
+# One of every type (none, linear, ntk, dynamic, yarn, llama3), each extending SmolLM2's 8,192
+# native positions 4x.
+MIXED_SCALINGS = scaling_specs(8192)
 
 
 @dataclass(frozen=True)
