@@ -57,8 +57,9 @@ def choose_backend(
     """The backend for a model on `device` in `dtype`, with torch on `threads` intra-op threads.
 
     The C step needs no flag: it is built with the host's C compiler in about a second (cached
-    after), and on SmolLM2 it decoded 2.7x as fast as the eager pass at one client and 1.6x at 16
-    (one thread each). It runs float32 on a CPU, on `threads` OpenMP threads. Everything that
+    after). Through the server on two cores, SmolLM2 decoded 13.5 tok/s at one client and 105 at
+    16 on the eager pass, and 59 and 377 on the C step (bench/results/real_model.md, two runs of
+    this day). It runs float32 on a CPU, on `threads` OpenMP threads. Everything that
     costs minutes at start-up (Inductor, CUDA graph capture) waits for `--compile`. Inductor on a
     CPU compiles C++, so without a compiler the model stays eager rather than failing at warm-up.
     """
