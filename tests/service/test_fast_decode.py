@@ -396,3 +396,17 @@ def test_requests_waiting_for_blocks_count_in_the_queue_depth(rope_dir: Path) ->
         assert engine.stats().queue_depth == 0
     finally:
         engine.shutdown()
+
+
+def test_the_c_step_refuses_a_block_id_past_its_pool_before_running() -> None:
+    require_kernel(batch_pass.available, "batch step")
+    model = tiny_transformer(native_context=NATIVE, pe="rope")
+    decoder = FastDecoder(model, pool_for(model), Backend.C, max_window=64)
+    assert decoder.c_pass is not None
+    blocks = torch.full((1, 4), decoder.pool.keys[0].shape[1])  # one past the pool's last block
+    hidden = torch.zeros(1, model.config.d_model)
+    with pytest.raises(ValueError, match="block id"):
+        decoder.c_pass(hidden, None, None, blocks, torch.tensor([0]))
+    two_rows = torch.zeros(2, model.config.d_model)  # for one row of blocks
+    with pytest.raises(ValueError, match="hidden"):
+        decoder.c_pass(two_rows, None, None, blocks.clamp(max=1), torch.tensor([0]))

@@ -8,6 +8,7 @@ into their own copy of the pool, which must come out equal.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import pytest
@@ -95,3 +96,24 @@ def test_strided_rows_of_a_fused_projection_are_read_in_place() -> None:
     out, *_ = both(inputs._replace(queries=queries, new_keys=keys, new_values=values), None)
     expected, *_ = both(inputs, None)
     torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("spoil", "message"),
+    [
+        (lambda i: i._replace(window_blocks=i.window_blocks.clone().fill_(POOL_BLOCKS)), "block id"),
+        (lambda i: i._replace(window_blocks=i.window_blocks.clone().fill_(-1)), "block id"),
+        (lambda i: i._replace(positions=i.positions.clone().fill_(WINDOW_BLOCKS * BLOCK)), "position"),
+        (lambda i: i._replace(positions=i.positions[:-1]), "window_blocks"),
+    ],
+    ids=["block-past-the-pool", "negative-block", "position-past-the-window", "rows-disagree"],
+)
+def test_indices_out_of_bounds_are_refused_before_the_kernel_runs(
+    spoil: Callable[[Inputs], Inputs], message: str
+) -> None:
+    """The kernel trusts its indices; the binding checks them, so a bad one is a Python error."""
+    inputs, _ = case(32, 1, bias=False)
+    pools = inputs.key_pages.clone(), inputs.value_pages.clone()
+    with pytest.raises(ValueError, match=message):
+        paged_decode_attention(*spoil(inputs), None, 1.0)
+    assert torch.equal(pools[0], inputs.key_pages) and torch.equal(pools[1], inputs.value_pages)

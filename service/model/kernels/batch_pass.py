@@ -20,6 +20,7 @@ from torch import Tensor
 
 from service.model.config import ModelConfig
 from service.model.kernels.build import kernel_function, use_threads
+from service.model.kernels.paged_attention import MAX_HEAD_DIM, check_rows
 
 _SOURCE = Path(__file__).with_name("batch_pass.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -62,6 +63,10 @@ class BatchPass:
         for tensor in tensors:
             if tensor is not None and (tensor.dtype != torch.float32 or not tensor.is_contiguous()):
                 raise ValueError("the step's weights and pages must be contiguous float32 tensors")
+        if config.head_dim > MAX_HEAD_DIM or config.rotary_dim > config.head_dim:
+            raise ValueError(
+                f"heads of {config.head_dim} (at most {MAX_HEAD_DIM}) rotating {config.rotary_dim}"
+            )
         self.config = config
         self._tensors = tensors  # the pointers below point into these: keep them alive
         self._layers = _pointers([tensor for layer in layers for tensor in layer])
@@ -94,6 +99,13 @@ class BatchPass:
         cos, sin = (_floats(table) for table in rope) if rope is not None else (None, None)
         bias = _floats(bias) if bias is not None else None
         window_blocks, positions = (t.to(torch.int64).contiguous() for t in (window_blocks, positions))
+        check_rows(window_blocks, positions, num_blocks=self._num_blocks, block_size=self._block_size)
+        if hidden.shape != (batch, config.d_model):
+            raise ValueError(f"hidden is {tuple(hidden.shape)}, not ({batch}, {config.d_model})")
+        if rope is not None and any(table.shape != (batch, config.rotary_dim) for table in rope):
+            raise ValueError(f"the rotary tables must be ({batch}, {config.rotary_dim})")
+        if bias is not None and bias.shape != (batch, config.n_heads, window):
+            raise ValueError(f"the bias must be ({batch}, {config.n_heads}, {window})")
         heads = config.n_heads, config.n_kv_heads, config.head_dim
         use_threads(_SOURCE, torch.get_num_threads())  # before sizing: each thread has its scores
         floats = workspace_floats(batch, config.d_model, *heads, config.ffn_hidden, window)

@@ -35,6 +35,26 @@ def _kernel() -> Any:
     return kernel_function(_SOURCE, "paged_decode_attention", _ARGUMENTS)
 
 
+MAX_HEAD_DIM = 512  # `paged_attention.c` and `batch_pass.c` keep a head in a stack array this wide
+
+
+def check_rows(window_blocks: Tensor, positions: Tensor, *, num_blocks: int, block_size: int) -> None:
+    """Refuse, before any C runs, rows the kernels would read or write out of bounds with.
+
+    The kernels trust their indices: a block id past the pool, or a position past its row's
+    blocks, would be a read or a write in memory the pool does not own.
+    """
+    if window_blocks.dim() != 2 or positions.shape != (window_blocks.shape[0],):
+        raise ValueError(
+            f"window_blocks {tuple(window_blocks.shape)} and positions {tuple(positions.shape)} differ"
+        )
+    if window_blocks.numel() and not 0 <= int(window_blocks.min()) <= int(window_blocks.max()) < num_blocks:
+        raise ValueError(f"a block id is outside the pool's {num_blocks} blocks")
+    window = window_blocks.shape[1] * block_size
+    if positions.numel() and not 0 <= int(positions.min()) <= int(positions.max()) < window:
+        raise ValueError(f"a position is outside its row's {window} positions")
+
+
 def paged_decode_attention(
     queries: Tensor,
     new_keys: Tensor,
@@ -58,8 +78,11 @@ def paged_decode_attention(
     for pages in (key_pages, value_pages):
         if pages.dtype != torch.float32 or not pages.is_contiguous():
             raise ValueError("the KV pages must be contiguous float32: the kernel writes them in place")
+    if head_dim > MAX_HEAD_DIM or heads % kv_heads or key_pages.shape[3] != head_dim:
+        raise ValueError(f"heads of {head_dim} (at most {MAX_HEAD_DIM}), {heads} over {kv_heads} KV heads")
     queries, new_keys, new_values = (_rows_of_heads(t) for t in (queries, new_keys, new_values))
     window_blocks, positions = (t.to(torch.int64).contiguous() for t in (window_blocks, positions))
+    check_rows(window_blocks, positions, num_blocks=num_blocks, block_size=block_size)
     bias = bias.float().contiguous() if bias is not None else None
     out = torch.empty((batch, heads, head_dim), dtype=torch.float32)
     threads = torch.get_num_threads()
