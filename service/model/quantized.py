@@ -13,7 +13,7 @@ Which kernel, and why:
 - `int4` on a CPU: `_weight_int4pack_mm_for_cpu`, 4-bit weights in groups of 32 along the input
   with a scale and zero point per group (asymmetric, as GGUF's Q4_1). Its activations go in as
   bfloat16: that is the kernel's vectorized path; with float32 it falls back to a scalar loop
-  40-100x slower (2.5 ms against 0.06 ms for one 576x1536 row, 1.3 s against 11 ms for 512).
+  40-120x slower (2.5 ms against 0.06 ms for one 576x1536 row, 1.3 s against 11 ms for 512).
   On CUDA torch's tiled int4 layout needs its own packing; the server refuses `int4` there at
   start-up rather than serving untested numerics.
 
