@@ -60,11 +60,15 @@ FAMILY_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 
 
-def english_tokens(engine: InferenceEngine, model: str, count: int) -> list[int]:
+def english_text() -> str:
+    """`pydoc_data.topics`: long English text every Python install has."""
     import pydoc_data.topics
 
-    text = "\n".join(pydoc_data.topics.topics.values())
-    tokens = engine.tokenize(model, text)
+    return "\n".join(pydoc_data.topics.topics.values())
+
+
+def english_tokens(engine: InferenceEngine, model: str, count: int) -> list[int]:
+    tokens = engine.tokenize(model, english_text())
     if len(tokens) < count:
         raise SystemExit(f"pydoc_data.topics has only {len(tokens)} tokens")
     return tokens[:count]

@@ -42,6 +42,7 @@ from typing import Any
 
 import httpx
 
+from bench.real_checkpoints import english_text
 from bench.serving import code_revision, free_port, http_client, log_tail
 from bench.throughput import scaling_specs
 
@@ -114,14 +115,11 @@ def f32_gguf(source: Path, target: Path = F32_CACHE) -> Path:
 
 def english_tokens(q4_1: Path) -> list[int]:
     """`pydoc_data.topics` through SmolLM2's own tokenizer (the GGUF's)."""
-    import pydoc_data.topics
-
     from service.model.gguf_file import read_gguf
     from service.tokenizers import HFTokenizer
 
     tokenizer = HFTokenizer(json_text=read_gguf(q4_1).tokenizer_json)
-    text = Path(pydoc_data.topics.__file__).read_text()
-    return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode(english_text(), add_special_tokens=False)
 
 
 # -- the servers ---------------------------------------------------------------------------------

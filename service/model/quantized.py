@@ -54,7 +54,6 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.out_dtype = linear.weight.dtype
         scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
-        quantized = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
         # Added after the matmul on both devices; on a CPU it must follow the per-row rescale.
         bias = linear.bias.detach().to(self.out_dtype) if linear.bias is not None else None
         self.register_buffer("bias", bias)
@@ -74,6 +73,7 @@ class Int8Linear(nn.Module):
             sentinel[0, 0], sentinel[0, -1] = 1.0, -1.0
             self.register_buffer("sentinel", sentinel)
         else:
+            quantized = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
             self.register_buffer("qweight", quantized)
             self.register_buffer("scales", scales.to(self.out_dtype))
 

@@ -102,37 +102,39 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
      * loops among its threads; the norms, rotations and residual adds (a few microseconds) run on
      * one thread while the others wait at the end of each `single`. */
 #pragma omp parallel num_threads(kernel_thread_count)
-    for (int64_t l = 0; l < n_layers; l++) {
-        const float *const *w = layers + l * LAYER_TENSORS;
+    {
+        for (int64_t l = 0; l < n_layers; l++) {
+            const float *const *w = layers + l * LAYER_TENSORS;
 #pragma omp single
-        rms_norm_rows(hidden, w[0], normed, batch, d_model, eps);
-        packed_linear_shared(normed, d_model, w[1], w[2], qkv, batch, d_model, qkv_width);
+            rms_norm_rows(hidden, w[0], normed, batch, d_model, eps);
+            packed_linear_shared(normed, d_model, w[1], w[2], qkv, batch, d_model, qkv_width);
 #pragma omp single
-        if (rope_cos) {
-            for (int64_t b = 0; b < batch; b++) {
-                for (int64_t h = 0; h < heads + kv_heads; h++) { /* queries, then keys */
-                    rotate_head(qkv + b * qkv_width + h * head_dim, rope_cos + b * rotary_dim,
-                                rope_sin + b * rotary_dim, rotary_dim, interleaved);
+            if (rope_cos) {
+                for (int64_t b = 0; b < batch; b++) {
+                    for (int64_t h = 0; h < heads + kv_heads; h++) { /* queries, then keys */
+                        rotate_head(qkv + b * qkv_width + h * head_dim, rope_cos + b * rotary_dim,
+                                    rope_sin + b * rotary_dim, rotary_dim, interleaved);
+                    }
                 }
             }
-        }
-        paged_attention_shared(qkv, qkv + attended_width, qkv + attended_width + kv_heads * head_dim,
-                               key_pages[l], value_pages[l], window_blocks, positions, bias, attended, scores,
-                               qkv_width, qkv_width, qkv_width, batch, heads, kv_heads, head_dim, num_blocks,
-                               block_size, blocks_per_row, scale);
-        packed_linear_shared(attended, attended_width, w[3], NULL, projected, batch, attended_width, d_model);
+            paged_attention_shared(qkv, qkv + attended_width, qkv + attended_width + kv_heads * head_dim,
+                                   key_pages[l], value_pages[l], window_blocks, positions, bias, attended, scores,
+                                   qkv_width, qkv_width, qkv_width, batch, heads, kv_heads, head_dim, num_blocks,
+                                   block_size, blocks_per_row, scale);
+            packed_linear_shared(attended, attended_width, w[3], NULL, projected, batch, attended_width, d_model);
 #pragma omp single
-        {
+            {
+                add_rows(hidden, projected, batch * d_model);
+                rms_norm_rows(hidden, w[4], normed, batch, d_model, eps);
+            }
+            packed_linear_shared(normed, d_model, w[5], NULL, gate_up, batch, d_model, 2 * ffn);
+            gated_activation(gate_up, activation, batch, ffn);
+            packed_linear_shared(activation, ffn, w[6], NULL, projected, batch, ffn, d_model);
+#pragma omp single
             add_rows(hidden, projected, batch * d_model);
-            rms_norm_rows(hidden, w[4], normed, batch, d_model, eps);
         }
-        packed_linear_shared(normed, d_model, w[5], NULL, gate_up, batch, d_model, 2 * ffn);
-        gated_activation(gate_up, activation, batch, ffn);
-        packed_linear_shared(activation, ffn, w[6], NULL, projected, batch, ffn, d_model);
 #pragma omp single
-        add_rows(hidden, projected, batch * d_model);
+        rms_norm_rows(hidden, final_norm, normed, batch, d_model, eps);
+        packed_linear_shared(normed, d_model, lm_head, NULL, logits, batch, d_model, vocab);
     }
-    rms_norm_rows(hidden, final_norm, normed, batch, d_model, eps);
-#pragma omp parallel num_threads(kernel_thread_count)
-    packed_linear_shared(normed, d_model, lm_head, NULL, logits, batch, d_model, vocab);
 }

@@ -25,9 +25,7 @@
  * reads only positions up to its own, so the entries its chunk wrote after it stay unseen.
  */
 #include <math.h>
-#ifdef _OPENMP
 #include <omp.h>
-#endif
 #include <stdint.h>
 #include <string.h>
 
@@ -261,11 +259,7 @@ static void paged_attention_shared(const float *queries, const float *new_keys, 
         int64_t b = pair / heads, h = pair % heads, kv = h / group;
         const int64_t *blocks = block_table + b * blocks_per_row;
         int64_t position = positions[b];
-#ifdef _OPENMP
         float *own_scores = scores + (int64_t)omp_get_thread_num() * window;
-#else
-        float *own_scores = scores;
-#endif
         if (b + 1 < batch && h % group == 0) {
             prefetch_row_head(key_pages + kv * head_stride, value_pages + kv * head_stride,
                               blocks + blocks_per_row, positions[b + 1] + 1, block_size * head_dim, block_size);

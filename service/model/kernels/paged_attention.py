@@ -48,11 +48,17 @@ def check_rows(window_blocks: Tensor, positions: Tensor, *, num_blocks: int, blo
         raise ValueError(
             f"window_blocks {tuple(window_blocks.shape)} and positions {tuple(positions.shape)} differ"
         )
-    if window_blocks.numel() and not 0 <= int(window_blocks.min()) <= int(window_blocks.max()) < num_blocks:
+    if window_blocks.numel() and not _within(window_blocks, num_blocks):
         raise ValueError(f"a block id is outside the pool's {num_blocks} blocks")
     window = window_blocks.shape[1] * block_size
-    if positions.numel() and not 0 <= int(positions.min()) <= int(positions.max()) < window:
+    if positions.numel() and not _within(positions, window):
         raise ValueError(f"a position is outside its row's {window} positions")
+
+
+def _within(indices: Tensor, size: int) -> bool:
+    """Whether every index lies in [0, size): one pass over them, on the step's path."""
+    low, high = torch.aminmax(indices)
+    return int(low) >= 0 and int(high) < size
 
 
 def paged_decode_attention(
