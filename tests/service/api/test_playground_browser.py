@@ -9,6 +9,7 @@ to a temporary directory (taking them is still exercised).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+import httpx
 import pytest
 from pe_client import PEClient
 from playwright.sync_api import Browser, ConsoleMessage, Page, Request, Response, sync_playwright
@@ -25,6 +27,7 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, Request, Response
 from service.api.loading import bundled_zoo
 from service.api.routes.playground import STATIC_DIR
 from tests.live_server import LiveServer, OptionValue, live_server
+from tests.service.api.helpers import metric_sum, wait_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # What works on a closed network, as root: no sandbox, nothing fetched in the background.
@@ -49,6 +52,18 @@ SAMPLING = {"max_new_tokens": 24, "temperature": 0.8, "seed": 7}
 # Past the zoo's native context of 256 tokens, so the scalings differ where the plot is read.
 SCORED_CHARS = 700
 PAGE_TIMEOUT_MS = 180_000
+# The sweep: lengths on both sides of the native 256, a grid that expands `factor=2|4`.
+SWEEP_TEXT_CHARS = 600
+SWEEP_LENGTHS = [128, 256, 384, 512]
+SWEEP_GRID = "none\nlinear:factor=2\nyarn:factor=2|4"
+SWEEP_SCALINGS: list[dict[str, Any]] = [
+    {"type": "none"},
+    {"type": "linear", "factor": 2},
+    {"type": "yarn", "factor": 2},
+    {"type": "yarn", "factor": 4},
+]
+SWEEP_THRESHOLD = 0.25
+CANCELLED_SCORES = 'endpoint="/score",protocol="http",status="499"'
 
 pytestmark = [
     pytest.mark.slow,
@@ -229,6 +244,151 @@ def test_inspector_draws_alibi_s_causal_bias(page: Page) -> None:
     assert slopes == 4
     page.select_option("#inspect-pe", "rope")  # leave the page as the reload test expects it
     page.select_option("#inspect-scaling", "yarn")
+
+
+def sweep_bits(logprobs: list[float | None], start: int, length: int) -> float | None:
+    """Mean -log2 p of tokens start..length-1 (0-based), the SPEC's sweep figures; None if empty."""
+    if length <= start:
+        return None
+    return -sum(logprobs[start:length]) / (length - start) / math.log(2)  # type: ignore[arg-type]
+
+
+@dataclass
+class Traffic:
+    """The URLs of the requests a page sent and of the responses it got, while recording."""
+
+    sent: list[str] = field(default_factory=list)
+    answered: list[str] = field(default_factory=list)
+
+    def request(self, request: Request) -> None:
+        self.sent.append(request.url)
+
+    def response(self, response: Response) -> None:
+        self.answered.append(response.url)
+
+
+@contextlib.contextmanager
+def traffic(page: Page) -> Iterator[Traffic]:
+    seen = Traffic()
+    page.on("request", seen.request)
+    page.on("response", seen.response)
+    try:
+        yield seen
+    finally:
+        page.remove_listener("request", seen.request)
+        page.remove_listener("response", seen.response)
+
+
+def start_sweep(page: Page, text: str, lengths: str, grid: str) -> None:
+    page.fill("#sweep-text", text)
+    page.fill("#sweep-lengths", lengths)
+    page.fill("#sweep-grid", grid)
+    page.click("#sweep")
+
+
+def finish(page: Page, section: str) -> str:
+    """The section's end state once it has one."""
+    page.wait_for_selector(
+        f"#{section}:is([data-state='done'], [data-state='error'], [data-state='cancelled'])"
+    )
+    return page.get_attribute(f"#{section}", "data-state") or ""
+
+
+def test_sweep_cells_equal_score_alone_and_draw(
+    page: Page, server: LiveServer, sdk: PEClient, screenshots: Path
+) -> None:
+    text = (STATIC_DIR / "sample.txt").read_text()[:SWEEP_TEXT_CHARS]
+    page.fill("#sweep-threshold", str(SWEEP_THRESHOLD))
+    with traffic(page) as seen:
+        start_sweep(page, text, ", ".join(map(str, SWEEP_LENGTHS)), SWEEP_GRID)
+        assert finish(page, "sweep-section") == "done", page.text_content("#sweep-message")
+    # One tokenization, then one /score per cell: none at 256 is in the grid, so no extra reference.
+    assert seen.sent.count(server.url("/tokenize")) == 1
+    assert seen.sent.count(server.url("/score")) == len(SWEEP_LENGTHS) * len(SWEEP_SCALINGS)
+    rendered = page.evaluate(
+        """() => [...document.querySelectorAll("#sweep-table tbody tr")].map((row) => [
+             JSON.parse(row.dataset.scaling),
+             [...row.querySelectorAll("td[data-length]")].map((td) => [
+               Number(td.dataset.length), Number(td.dataset.bits), td.dataset.tailBits,
+               td.firstChild.textContent,
+             ]),
+             row.lastElementChild.textContent])"""
+    )
+    assert [scaling for scaling, _, _ in rendered] == SWEEP_SCALINGS
+    tokens = sdk.score(prompt=text, model="zoo-rope").tokens
+    alone: dict[tuple[int, int], float] = {}
+    for index, (scaling, cells, _) in enumerate(rendered):
+        assert [length for length, *_ in cells] == SWEEP_LENGTHS
+        for length, bits, tail, shown in cells:
+            scored = sdk.score(tokens=tokens[:length], model="zoo-rope", pe_scaling=scaling)  # type: ignore[arg-type]
+            expected = sweep_bits(scored.token_logprobs, 1, length)
+            assert expected is not None
+            alone[index, length] = expected
+            # The page's cells ran in batches, the SDK's alone: float32 sums differ by ~1e-5.
+            assert bits == pytest.approx(expected, abs=1e-4)
+            assert shown == f"{bits:.3f}"
+            expected_tail = sweep_bits(scored.token_logprobs, 256, length)
+            if expected_tail is None:
+                assert tail == "null"
+            else:
+                assert float(tail) == pytest.approx(expected_tail, abs=1e-4)
+    # The break rule the page states, applied to the SDK's figures: the first L >= 256 above the limit.
+    limit = alone[0, 256] + SWEEP_THRESHOLD
+    for index, (_, _, verdict) in enumerate(rendered):
+        broken = [length for length in SWEEP_LENGTHS if length >= 256 and alone[index, length] > limit]
+        assert verdict == (f"breaks at {broken[0]}" if broken else "holds at every length judged")
+    curves = page.evaluate(
+        """() => window.playground.chart("sweep-curves").data.datasets
+             .filter((d) => d.scaling).map((d) => d.data.length)"""
+    )
+    assert curves == [len(SWEEP_LENGTHS)] * len(SWEEP_SCALINGS)
+    cells = page.evaluate("""() => window.playground.chart("sweep-heatmap").data.datasets[0].data.length""")
+    assert cells == len(SWEEP_LENGTHS) * len(SWEEP_SCALINGS)
+    page.locator("#sweep-section").screenshot(path=screenshots / "playground-sweep.png")
+
+
+@pytest.mark.parametrize(
+    ("lengths", "grid", "message"),
+    [
+        ("128, 256", "none\nrope2:factor=2", 'unknown scaling type "rope2"'),
+        ("128, 256", "yarn:factor=2|0", "factor must be ≥ 1, got 0"),
+        ("128, 2048", "none", "Length 2048 is above the model's max_context (1024 tokens)"),
+    ],
+)
+def test_a_bad_sweep_grid_is_refused_before_any_request(
+    page: Page, lengths: str, grid: str, message: str
+) -> None:
+    with traffic(page) as seen:
+        start_sweep(page, "some text to score", lengths, grid)
+        assert finish(page, "sweep-section") == "error"
+    assert message in (page.text_content("#sweep-message") or "")
+    assert seen.sent == []
+
+
+def test_cancel_aborts_the_sweep_s_requests(page: Page, server: LiveServer, problems: PageProblems) -> None:
+    text = (STATIC_DIR / "sample.txt").read_text()[:1100]
+    grid = "none\nlinear:factor=2|4|8\nntk:factor=2|4|8\nyarn:factor=2|4|8"
+    cells = 4 * 10
+    score = server.url("/score")
+    with httpx.Client(base_url=server.base_url) as metrics, traffic(page) as seen:
+        cancelled_before = metric_sum(metrics, "pe_serve_requests_total", CANCELLED_SCORES)
+        with page.expect_response(score):
+            start_sweep(page, text, "256, 512, 768, 1024", grid)
+        page.click("#sweep-cancel")
+        assert finish(page, "sweep-section") == "cancelled"
+        assert page.text_content("#status") == "Cancelled."
+        assert page.is_disabled("#sweep-cancel") and page.is_enabled("#sweep")
+        # Every /score the page sent was either answered before the cancel or aborted by it.
+        aborted = problems.seen.count(f"request failed: POST {score} (net::ERR_ABORTED)")
+        assert aborted > 0 and aborted == len(problems.seen)
+        answered = seen.answered.count(score)
+        assert answered < cells and answered + aborted == seen.sent.count(score)
+        # The server dropped the work of those it had received.
+        wait_for(
+            lambda: metric_sum(metrics, "pe_serve_requests_total", CANCELLED_SCORES) > cancelled_before,
+            "the server to count a cancelled /score",
+        )
+    problems.seen.clear()
 
 
 def test_settings_and_key_survive_a_reload(page: Page) -> None:

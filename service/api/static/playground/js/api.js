@@ -48,8 +48,9 @@ export async function getJSON(path) {
   return (await send(path, { headers: headers(false) })).json();
 }
 
-export async function postJSON(path, body) {
-  const init = { method: "POST", headers: headers(true), body: JSON.stringify(body) };
+// `signal` (an AbortController's) cancels the call; the server then drops the request's work.
+export async function postJSON(path, body, signal = undefined) {
+  const init = { method: "POST", headers: headers(true), body: JSON.stringify(body), signal };
   return (await send(path, init)).json();
 }
 

@@ -12,6 +12,13 @@ export function colour(name, index = 0) {
   return COLOURS[name] ?? EXTRA_COLOURS[index % EXTRA_COLOURS.length];
 }
 
+// Ten distinguishable colours (matplotlib's tab10), for series that are not one per scaling type.
+const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
+
+export function seriesColour(index) {
+  return PALETTE[index % PALETTE.length];
+}
+
 const charts = {};
 
 // A screen reader gets what the chart shows in words: its kind, axes and series.

@@ -1,17 +1,21 @@
-// Wires the page: the API key, the model list, the settings kept in the URL, and the three
+// Wires the page: the API key, the model list, the settings kept in the URL, and the four
 // sections' buttons. `window.playground` exposes the charts and each section's last result to
 // anyone scripting the page (the browser tests read it).
 
 import { apiKey, getJSON, setApiKey } from "./api.js";
 import { chart } from "./charts.js";
 import { compare } from "./compare.js";
+import { parseLengths, parseScalings } from "./grid.js";
 import { inspect } from "./inspect.js";
 import { SCALING_TYPES, buildScalingEditor, limitToSupported, scalingBody, tickedScalings } from "./scalings.js";
 import { plotSurprisal } from "./surprisal.js";
+import { breakPoints, runSweep } from "./sweep.js";
+import { drawSweep } from "./sweepview.js";
 import { restoreFromURL, saveToURL, urlValue, watchControls } from "./urlstate.js";
 
 const byId = (id) => document.getElementById(id);
 let models = [];
+let sweepController = null;
 
 function status(message, isError = false) {
   const line = byId("status");
@@ -57,7 +61,8 @@ function requestsFor(input) {
   return tickedScalings().map((type) => [type, { model: model.name, ...input, pe_scaling: scalingBody(type) }]);
 }
 
-// Runs one section's action with its button disabled; marks the section done or failed.
+// Runs one section's action with its button disabled; marks the section done, cancelled (its
+// requests aborted) or failed.
 async function run(buttonId, sectionId, action) {
   const button = byId(buttonId);
   const section = byId(sectionId);
@@ -67,8 +72,9 @@ async function run(buttonId, sectionId, action) {
     window.playground.results[sectionId] = await action();
     section.dataset.state = "done";
   } catch (error) {
-    section.dataset.state = "error";
-    status(error.message, true);
+    const cancelled = error.name === "AbortError";
+    section.dataset.state = cancelled ? "cancelled" : "error";
+    status(cancelled ? "Cancelled." : error.message, !cancelled);
   } finally {
     button.disabled = false;
   }
@@ -102,6 +108,42 @@ function onScore() {
   });
 }
 
+// The grid is read and checked in full before the first request; its error is shown in the section.
+function onSweep() {
+  const message = byId("sweep-message");
+  message.textContent = "";
+  return run("sweep", "sweep-section", async () => {
+    const model = selectedModel();
+    if (!model) throw new Error("No model: check the API key and reload.");
+    const cancel = byId("sweep-cancel");
+    try {
+      const lengths = parseLengths(byId("sweep-lengths").value, model.max_context);
+      const scalings = parseScalings(byId("sweep-grid").value, model.supported_scalings);
+      const threshold = Math.max(0, numberOf("sweep-threshold") ?? 0);
+      sweepController = new AbortController();
+      cancel.disabled = false;
+      const sweep = await runSweep({
+        model, lengths, scalings,
+        text: byId("sweep-text").value,
+        signal: sweepController.signal,
+        onCell: (done, total) => {
+          Object.assign(byId("sweep-progress"), { value: done, max: total });
+          byId("sweep-count").textContent = `${done} of ${total} cells`;
+        },
+      });
+      const points = breakPoints(sweep, threshold);
+      drawSweep(sweep, points, threshold);
+      status(`Swept ${lengths.length} length(s) × ${scalings.length} scaling(s).`);
+      return { ...sweep, threshold, breaks: points };
+    } catch (error) {
+      if (error.name !== "AbortError") message.textContent = error.message;
+      throw error;
+    } finally {
+      cancel.disabled = true;
+    }
+  });
+}
+
 function onInspect() {
   return run("inspect", "inspect-section", async () => {
     const type = byId("inspect-scaling").value;
@@ -120,9 +162,9 @@ function onInspect() {
   });
 }
 
-async function loadSample() {
+async function loadSample(targetId) {
   const response = await fetch("/playground/static/sample.txt");
-  byId("document").value = await response.text();
+  byId(targetId).value = await response.text();
 }
 
 function start() {
@@ -142,7 +184,10 @@ function start() {
   byId("compare").addEventListener("click", onCompare);
   byId("score").addEventListener("click", onScore);
   byId("inspect").addEventListener("click", onInspect);
-  byId("load-sample").addEventListener("click", loadSample);
+  byId("load-sample").addEventListener("click", () => loadSample("document"));
+  byId("sweep").addEventListener("click", onSweep);
+  byId("sweep-cancel").addEventListener("click", () => sweepController?.abort());
+  byId("sweep-load-sample").addEventListener("click", () => loadSample("sweep-text"));
   window.playground.ready = loadModels();
 }
 
