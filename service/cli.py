@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import socket
+import ssl
 import sys
 from collections.abc import Sequence
 from types import FrameType
@@ -147,6 +148,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (comma-separate several)"
     )
+    parser.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        help="bearer keys, one a line (# comments, blank lines skipped): out of the process list; "
+        "adds to --api-key",
+    )
+    parser.add_argument(
+        "--max-concurrent-per-key",
+        type=int,
+        metavar="N",
+        help="requests one key may have running or queued, else 429 (default 0: no limit)",
+    )
+    parser.add_argument(
+        "--max-queued-tokens-per-key",
+        type=int,
+        metavar="N",
+        help="prompt + max new tokens one key may have unfinished, else 429 (default 0: no limit)",
+    )
+    parser.add_argument(
+        "--tls-cert", metavar="FILE", help="PEM certificate chain: serve HTTP and gRPC over TLS"
+    )
+    parser.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    parser.add_argument(
+        "--tls-client-ca", metavar="FILE", help="PEM CA bundle: require client certificates it signed (mTLS)"
+    )
     parser.add_argument("--max-body-bytes", type=int, metavar="N", help="request body limit (default 1 MiB)")
     parser.add_argument(
         "--header-timeout-s",
@@ -186,6 +212,16 @@ def load_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error(problems)
 
 
+def tls_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's TLS arguments: none without a certificate; client certificates required with a CA."""
+    if settings.tls_cert is None:
+        return {}
+    options: dict[str, Any] = {"ssl_certfile": settings.tls_cert, "ssl_keyfile": settings.tls_key}
+    if settings.tls_client_ca is not None:
+        options.update(ssl_ca_certs=str(settings.tls_client_ca), ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return options
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     settings = load_settings(argv)
     app = create_server(settings)
@@ -194,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         app,
         host=settings.host,
         port=settings.port,
+        **tls_options(settings),
         log_config=logging_config(settings.log_level),
         access_log=False,
         timeout_graceful_shutdown=CONNECTION_GRACE_S,

@@ -7,10 +7,11 @@ environment while a developer still overrides one knob on the command line.
 from __future__ import annotations
 
 import os
+import ssl
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.engine.budget import DEFAULT_PREFILL_SLOWDOWN, DEFAULT_STEP_TOKEN_BUDGET
@@ -88,6 +89,23 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(
         default=None, description="Bearer key(s) required on inference routes; comma-separated for several."
     )
+    api_key_file: Path | None = Field(
+        default=None,
+        description="File of bearer keys, one a line (blank lines and # comments ignored); adds to api_key.",
+    )
+    max_concurrent_per_key: int = Field(
+        default=0, ge=0, description="Requests one key may have running or queued at once; 0: no limit."
+    )
+    max_queued_tokens_per_key: int = Field(
+        default=0,
+        ge=0,
+        description="Prompt plus requested new tokens one key may have unfinished at once; 0: no limit.",
+    )
+    tls_cert: Path | None = Field(default=None, description="PEM certificate chain: HTTP and gRPC over TLS.")
+    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert.")
+    tls_client_ca: Path | None = Field(
+        default=None, description="PEM CA bundle: clients must present a certificate it signed (mTLS)."
+    )
     max_body_bytes: int = Field(default=ONE_MIB, ge=1)
     header_timeout_s: float = Field(
         default=10.0, gt=0.0, description="Seconds a client has to send a request's headers (else 408)."
@@ -116,9 +134,46 @@ class Settings(BaseSettings):
     def _lower_log_level(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
 
+    @field_validator("api_key_file")
+    @classmethod
+    def _readable_key_file(cls, path: Path | None) -> Path | None:
+        """Refused at start-up, not at the first request: an unreadable or empty file serves nobody."""
+        if path is not None and not read_key_file(path):
+            raise ValueError(f"{path} holds no key (one a line; blank lines and # comments are skipped)")
+        return path
+
+    @model_validator(mode="after")
+    def _loadable_tls(self) -> Settings:
+        """Certificate and key come together and must load; a client CA needs them."""
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key are given together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca needs tls_cert and tls_key")
+        if self.tls_cert is not None and self.tls_key is not None:
+            try:
+                context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                context.load_cert_chain(self.tls_cert, self.tls_key)
+                if self.tls_client_ca is not None:
+                    context.load_verify_locations(self.tls_client_ca)
+            except (OSError, ssl.SSLError) as error:
+                raise ValueError(f"cannot load the TLS files: {error}") from None
+        return self
+
     def api_keys(self) -> tuple[bytes, ...]:
-        """The accepted keys as bytes, ready for constant-time comparison."""
-        if self.api_key is None:
-            return ()
-        keys = (key.strip() for key in self.api_key.get_secret_value().split(","))
-        return tuple(key.encode() for key in keys if key)
+        """The accepted keys (`api_key`'s, then the file's) as bytes, for constant-time comparison."""
+        given = self.api_key.get_secret_value().split(",") if self.api_key is not None else []
+        from_file = read_key_file(self.api_key_file) if self.api_key_file is not None else []
+        keys = (key.strip() for key in (*given, *from_file))
+        return tuple(dict.fromkeys(key.encode() for key in keys if key))
+
+
+def read_key_file(path: Path) -> list[str]:
+    """The keys of a key file, one a line; blank lines and `#` comments are not keys.
+
+    Raises ValueError (a settings error) when the file cannot be read.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read the key file: {error}") from None
+    return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]

@@ -26,10 +26,12 @@ from service.api.routes import (
     openai_completions,
     openai_models,
     playground,
+    requests,
     score,
     tokenizer,
 )
 from service.requests.metrics import ServiceMetrics
+from service.requests.running import RunningRequests
 from service.requests.state import ServiceState
 from service.settings import Settings
 
@@ -49,6 +51,7 @@ def create_app(
     *,
     state: ServiceState,
     service_metrics: ServiceMetrics,
+    running: RunningRequests,
     companions: Sequence[Companion] = (),
 ) -> FastAPI:
     app = FastAPI(
@@ -59,6 +62,7 @@ def create_app(
     )
     app.state.service = state
     app.state.metrics = service_metrics
+    app.state.running = running
     install_error_handlers(app)
     modules = (
         generate,
@@ -69,6 +73,7 @@ def create_app(
         openai_completions,
         openai_chat,
         tokenizer,
+        requests,
         health,
         metrics,
         playground,

@@ -12,9 +12,10 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from service.engine.types import Engine
+from service.requests.auth import ANONYMOUS
 from service.requests.errors import ErrorKind, RequestError
 from service.requests.metrics import ServiceMetrics
-from service.requests.running import FirstTokenTimer
+from service.requests.running import FirstTokenTimer, RunningRequests, Submission
 from service.requests.state import ServiceState
 
 
@@ -35,6 +36,27 @@ async def get_engine(state: Annotated[ServiceState, Depends(get_state)]) -> Engi
 async def get_request_id(request: Request) -> str:
     request_id: str = request.scope["state"]["request_id"]
     return request_id
+
+
+async def get_caller(request: Request) -> str:
+    """Whose request this is: the key's name `ApiKeyMiddleware` recorded, else the one anonymous caller."""
+    caller: str = request.scope["state"].get("caller", ANONYMOUS)
+    return caller
+
+
+async def get_running(request: Request) -> RunningRequests:
+    running: RunningRequests = request.app.state.running
+    return running
+
+
+async def get_submission(
+    request: Request,
+    running: Annotated[RunningRequests, Depends(get_running)],
+    caller: Annotated[str, Depends(get_caller)],
+    request_id: Annotated[str, Depends(get_request_id)],
+) -> Submission:
+    """Where this request's engine jobs go: filed under its `X-Request-ID` and its caller."""
+    return running.open(caller, request_id, request.url.path)
 
 
 async def get_first_token_timer(request: Request) -> FirstTokenTimer:
@@ -63,3 +85,6 @@ MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 RequestIdDep = Annotated[str, Depends(get_request_id)]
 FirstTokenDep = Annotated[FirstTokenTimer, Depends(get_first_token_timer)]
+CallerDep = Annotated[str, Depends(get_caller)]
+RunningDep = Annotated[RunningRequests, Depends(get_running)]
+SubmissionDep = Annotated[Submission, Depends(get_submission)]

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import error_response, is_openai_path
 from service.logs import request_id_var
-from service.requests.auth import CLIENT_REQUEST_ID, bearer_authorized
+from service.requests.auth import CLIENT_REQUEST_ID, bearer_caller
 from service.requests.errors import ErrorKind, RequestError, internal_error
 from service.requests.metrics import ServiceMetrics
 
@@ -91,7 +91,11 @@ class RequestContextMiddleware:
 
 
 class ApiKeyMiddleware:
-    """`Authorization: Bearer <key>` on every path but the open ones, compared in constant time."""
+    """`Authorization: Bearer <key>` on every path but the open ones, compared in constant time.
+
+    The key's name is recorded as the request's caller (`scope["state"]["caller"]`): the requests
+    it makes are its own (`service.requests.running`).
+    """
 
     def __init__(self, app: ASGIApp, *, keys: Collection[bytes], open_paths: Collection[str]) -> None:
         self.app = app
@@ -99,14 +103,14 @@ class ApiKeyMiddleware:
         self.open_paths = frozenset(open_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in self.open_paths and not self._authorized(scope):
-            error = RequestError(ErrorKind.UNAUTHENTICATED, "Missing or invalid API key.")
-            await error_response(error, openai=is_openai_path(scope["path"]))(scope, receive, send)
-            return
+        if scope["type"] == "http" and scope["path"] not in self.open_paths:
+            caller = bearer_caller(Headers(scope=scope).get("authorization", ""), self.keys)
+            if caller is None:
+                error = RequestError(ErrorKind.UNAUTHENTICATED, "Missing or invalid API key.")
+                await error_response(error, openai=is_openai_path(scope["path"]))(scope, receive, send)
+                return
+            scope.setdefault("state", {})["caller"] = caller
         await self.app(scope, receive, send)
-
-    def _authorized(self, scope: Scope) -> bool:
-        return bearer_authorized(Headers(scope=scope).get("authorization", ""), self.keys)
 
 
 class BodyLimitMiddleware:

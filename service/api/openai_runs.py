@@ -13,14 +13,18 @@ from collections.abc import Sequence
 from service.api.schemas.openai import OpenAIFinishReason, OpenAIUsage, PromptTokensDetails
 from service.engine.types import Engine, GenerationRequest, GenerationResult, RequestHandle, ScoringRequest
 from service.requests.convert import finish_reason
+from service.requests.running import Submission
 
 
-def submit_all(engine: Engine, jobs: Sequence[GenerationRequest | ScoringRequest]) -> list[RequestHandle]:
-    """Queue every job, or none: a refused submission cancels the jobs queued before it."""
+def submit_all(
+    submission: Submission, engine: Engine, jobs: Sequence[GenerationRequest | ScoringRequest]
+) -> list[RequestHandle]:
+    """Queue every job, or none: a refused submission (queue full, a per-key limit, draining)
+    cancels the jobs queued before it."""
     handles: list[RequestHandle] = []
     try:
         for job in jobs:
-            handles.append(engine.submit(job))
+            handles.append(submission.submit(engine, job))
     except BaseException:
         for handle in handles:
             handle.cancel()

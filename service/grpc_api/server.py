@@ -8,7 +8,8 @@ finish, whichever protocol it came by.
 Besides `pe_serve.v1.PEServe` the server runs `grpc.health.v1.Health` (for "" and for the
 service: `Check` answers what `/readyz` does at that moment, `Watch` follows the phase) and server
 reflection. The method table is built from the proto's
-descriptor, so the one proto file is the only list of methods.
+descriptor, so the one proto file is the only list of methods. With server credentials
+(`tls_credentials`) the port speaks TLS only, and with a client CA it requires client certificates.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,6 +27,7 @@ from grpc_reflection.v1alpha import reflection
 from service.grpc_api import pe_serve_pb2 as pb
 from service.grpc_api.servicer import SERVICE_NAME, PEServeServicer
 from service.requests.metrics import ServiceMetrics
+from service.requests.running import RunningRequests
 from service.requests.state import Phase, ServiceState
 
 logger = logging.getLogger("service.grpc")
@@ -39,6 +42,15 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 def _serialize(message: Any) -> bytes:
     data: bytes = message.SerializeToString()
     return data
+
+
+def tls_credentials(cert: Path, key: Path, client_ca: Path | None) -> grpc.ServerCredentials:
+    """The port's TLS: our certificate chain and key; with `client_ca`, client certificates it signed."""
+    return grpc.ssl_server_credentials(
+        [(key.read_bytes(), cert.read_bytes())],
+        root_certificates=client_ca.read_bytes() if client_ca is not None else None,
+        require_client_auth=client_ca is not None,
+    )
 
 
 def method_handlers(servicer: PEServeServicer) -> dict[str, grpc.RpcMethodHandler]:
@@ -95,11 +107,14 @@ class GrpcServer:
         host: str,
         port: int,
         api_keys: Collection[bytes],
+        running: RunningRequests,
         max_message_bytes: int,
+        credentials: grpc.ServerCredentials | None = None,
     ) -> None:
         self.state = state
         self.address = bind_address(host, port)
-        self.servicer = PEServeServicer(state, metrics, api_keys)
+        self.servicer = PEServeServicer(state, metrics, api_keys, running)
+        self._credentials = credentials
         self.health = ReadinessHealth(state)
         self._max_message_bytes = max_message_bytes
         self._server: grpc.aio.Server | None = None
@@ -121,7 +136,10 @@ class GrpcServer:
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         try:
-            server.add_insecure_port(self.address)
+            if self._credentials is None:
+                server.add_insecure_port(self.address)
+            else:
+                server.add_secure_port(self.address, self._credentials)
         except RuntimeError as error:
             raise OSError(f"gRPC: cannot bind {self.address} (address already in use?): {error}") from None
         await server.start()

@@ -5,9 +5,11 @@ goes through the request core's schemas and `prepare_input`, so a bad field is r
 with the same name. Every method runs inside `_rpc`, the one place that checks the API key, turns
 failures into status codes with trailing metadata, and records the request's metrics and log line.
 
-A generation or scoring request is registered under its request id while it runs, so `Abort` can
-stop it; leaving a method early for any reason (client cancel, expired deadline, error) cancels
-the engine request, which frees its batch slot at the engine's next step.
+A generation or scoring request is filed in the request core's ledger (`RunningRequests`, shared
+with HTTP) under its request id and the caller's key while it runs, so its owner, and only its
+owner, can `Abort` it, and the per-key limits count it; leaving a method early for any reason
+(client cancel, expired deadline, error) cancels the engine request, which frees its batch slot
+at the engine's next step.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from service.grpc_api.codec import parse_request, request_fields
 from service.grpc_api.responses import generate_end, models_message, score_message, token_chunk
 from service.grpc_api.status import REQUEST_ID_KEY, status_code, trailing_metadata
 from service.logs import request_id_var
-from service.requests.auth import CLIENT_REQUEST_ID, bearer_authorized
+from service.requests.auth import ANONYMOUS, CLIENT_REQUEST_ID, bearer_caller
 from service.requests.bodies import GenerateRequest, ScoreRequest
 from service.requests.build import generate_job, score_job
 from service.requests.convert import token_text
@@ -58,17 +60,28 @@ class _Call:
     method: str
     request_id: str
     started: float
+    caller: str = ANONYMOUS
     code: grpc.StatusCode = grpc.StatusCode.OK
+
+    @property
+    def endpoint(self) -> str:
+        return f"/{SERVICE_NAME}/{self.method}"
 
 
 class PEServeServicer:
     """The four methods; handlers take the raw request bytes so that parsing errors are ours to name."""
 
-    def __init__(self, state: ServiceState, metrics: ServiceMetrics, api_keys: Collection[bytes]) -> None:
+    def __init__(
+        self,
+        state: ServiceState,
+        metrics: ServiceMetrics,
+        api_keys: Collection[bytes],
+        running: RunningRequests,
+    ) -> None:
         self._state = state
         self._metrics = metrics
         self._api_keys = tuple(api_keys)
-        self._running = RunningRequests()
+        self._running = running
 
     async def generate(
         self, data: bytes, context: grpc.aio.ServicerContext
@@ -82,17 +95,18 @@ class PEServeServicer:
             job = generate_job(call.request_id, body, prepared, stream=True)
             first_token = FirstTokenTimer(self._metrics, call.started)
             text = token_text(engine, job.model)
-            with self._running.submitted(engine, job) as running:
+            handle = self._running.open(call.caller, call.request_id, call.endpoint).submit(engine, job)
+            try:
                 # Accepted: headers go out now, so a client can tell a queued request from a refused one.
                 await context.send_initial_metadata(((REQUEST_ID_KEY, call.request_id),))
-                async for event in running.handle:
+                async for event in handle:
                     first_token(event)
                     if isinstance(event, TokenEvent):
                         yield token_chunk(event, text)
                     elif isinstance(event, GenerationResult):
-                        end = generate_end(call.request_id, job.model, event)
-                        running.finished = True
-                        yield end
+                        yield generate_end(call.request_id, job.model, event)
+            finally:
+                handle.cancel()
 
     async def score(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ScoreResponse:
         async with self._rpc("Score", context) as call:
@@ -101,11 +115,13 @@ class PEServeServicer:
             body = ScoreRequest.model_validate(fields)
             engine = self._state.engine_for_request()
             job = score_job(call.request_id, body, prepare_scored(engine, body))
-            with self._running.submitted(engine, job) as running:
-                async for event in running.handle:
+            handle = self._running.open(call.caller, call.request_id, call.endpoint).submit(engine, job)
+            try:
+                async for event in handle:
                     if isinstance(event, ScoreResult):
-                        running.finished = True
                         return score_message(call.request_id, job.model, event, token_text(engine, job.model))
+            finally:
+                handle.cancel()
             raise RuntimeError(f"request {call.request_id} ended without a result")
 
     async def list_models(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
@@ -114,10 +130,10 @@ class PEServeServicer:
             return models_message(self._state.engine_for_request().models())
 
     async def abort(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
-        """Stop a running request of any client holding a valid key (request ids are not secrets)."""
-        async with self._rpc("Abort", context):
+        """Stop one of the caller's own running requests; another key's answers NOT_FOUND."""
+        async with self._rpc("Abort", context) as call:
             message = parse_request(pb.AbortRequest, data)
-            self._running.abort(message.request_id)
+            self._running.abort(call.caller, message.request_id)
             return pb.AbortResponse()
 
     def _rpc(self, method: str, context: grpc.aio.ServicerContext) -> _Rpc:
@@ -157,10 +173,14 @@ class _Rpc:
         self._log_token = request_id_var.set(self.call.request_id)
 
     async def __aenter__(self) -> _Call:
-        metadata = dict(self._context.invocation_metadata() or ())
-        if self._api_keys and not bearer_authorized(str(metadata.get("authorization", "")), self._api_keys):
-            denied = RequestError(ErrorKind.UNAUTHENTICATED, "Missing or invalid API key.")
-            await self.__aexit__(RequestError, denied, None)
+        if self._api_keys:
+            metadata = dict(self._context.invocation_metadata() or ())
+            caller = bearer_caller(str(metadata.get("authorization", "")), self._api_keys)
+            if caller is None:
+                denied = RequestError(ErrorKind.UNAUTHENTICATED, "Missing or invalid API key.")
+                await self.__aexit__(RequestError, denied, None)
+            else:
+                self.call.caller = caller
         return self.call
 
     async def __aexit__(
@@ -186,7 +206,7 @@ class _Rpc:
     def _record(self) -> None:
         call = self.call
         elapsed = time.perf_counter() - call.started
-        endpoint = f"/{SERVICE_NAME}/{call.method}"
+        endpoint = call.endpoint
         self._metrics.observe_request(endpoint, call.code.name, elapsed, protocol="grpc")
         quiet = call.method == "ListModels" and call.code is grpc.StatusCode.OK
         logger.log(

@@ -116,3 +116,15 @@ class ModelsResponse(BaseModel):
 
 class StatusResponse(BaseModel):
     status: Literal["ok", "ready"]
+
+
+class RunningRequestInfo(BaseModel):
+    """A running request as its owner sees it (`GET` and `DELETE /requests/{id}`)."""
+
+    request_id: str
+    endpoint: str = Field(description="The route or gRPC method that made it.")
+    models: list[str]
+    jobs: int = Field(description="Its unfinished engine jobs (several for OpenAI's `n`).")
+    tokens: int = Field(description="Prompt plus requested new tokens, as the per-key token limit counts.")
+    age_s: float
+    cancelled: bool = Field(description="Stopped by its owner (`DELETE` or gRPC `Abort`).")

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 
-from service.api.deps import EngineDep, FirstTokenDep, RequestIdDep, require_json
+from service.api.deps import EngineDep, FirstTokenDep, RequestIdDep, SubmissionDep, require_json
 from service.api.errors import CLIENT_CLOSED_REQUEST
 from service.api.handles import ClientDisconnectedError, final_result
 from service.api.openapi import INFERENCE_ERRORS, STREAM_EVENT_SCHEMA, scaling_examples
@@ -57,12 +57,13 @@ async def generate(
     engine: EngineDep,
     request_id: RequestIdDep,
     first_token: FirstTokenDep,
+    submission: SubmissionDep,
 ) -> Response:
     """Generate from `prompt` or `tokens` on the model picked by `model` / `pe`, scaled by `pe_scaling`."""
     prepared = prepare_input(engine, body, new_tokens=body.max_new_tokens)
     response_id = f"gen-{uuid.uuid4().hex}"
     job = generate_job(response_id, body, prepared, stream=body.stream)
-    handle = engine.submit(job)
+    handle = submission.submit(engine, job)
     text = token_text(engine, job.model)
     if body.stream:
         events = generation_events(

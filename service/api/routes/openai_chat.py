@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import APIRouter, Depends, Request, Response
 
 from service.api.chat_template import render_chat
-from service.api.deps import EngineDep, FirstTokenDep, RequestIdDep, require_json
+from service.api.deps import EngineDep, FirstTokenDep, RequestIdDep, SubmissionDep, require_json
 from service.api.errors import CLIENT_CLOSED_REQUEST
 from service.api.handles import ClientDisconnectedError, final_results
 from service.api.openai_runs import cancel_all, created_now, openai_finish_reason, openai_usage, submit_all
@@ -53,6 +53,7 @@ async def chat_completions(
     engine: EngineDep,
     request_id: RequestIdDep,
     first_token: FirstTokenDep,
+    submission: SubmissionDep,
 ) -> Response:
     """OpenAI's chat completions; extension fields (`pe`, `pe_scaling`, `min_p`, ...) at the top level."""
     target = resolve_target(engine, body)
@@ -79,7 +80,7 @@ async def chat_completions(
         )
         for choice in range(body.n)
     ]
-    handles = submit_all(engine, jobs)
+    handles = submit_all(submission, engine, jobs)
     text = token_text(engine, model.name)
     if body.stream:
         events = _stream(body, handles, response_id, model.name, len(tokens), text, request_id, first_token)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from service.api.deps import EngineDep, FirstTokenDep, RequestIdDep, require_json
+from service.api.deps import EngineDep, FirstTokenDep, RequestIdDep, SubmissionDep, require_json
 from service.api.errors import CLIENT_CLOSED_REQUEST
 from service.api.handles import ClientDisconnectedError, final_results
 from service.api.openai_runs import cancel_all, created_now, openai_finish_reason, openai_usage, submit_all
@@ -75,13 +75,16 @@ async def completions(
     engine: EngineDep,
     request_id: RequestIdDep,
     first_token: FirstTokenDep,
+    submission: SubmissionDep,
 ) -> Response:
     """OpenAI's completions; extension fields (`pe`, `pe_scaling`, `min_p`, ...) at the top level."""
     target = resolve_target(engine, body)
     response_id = f"cmpl-{uuid.uuid4().hex}"
     plan = _plan(engine, target, body, response_id)
     score_order = sorted(plan.scores)
-    handles = submit_all(engine, [*plan.generations, *(plan.scores[index] for index in score_order)])
+    handles = submit_all(
+        submission, engine, [*plan.generations, *(plan.scores[index] for index in score_order)]
+    )
     generations, scores = (
         handles[: len(plan.generations)],
         dict(zip(score_order, handles[len(plan.generations) :], strict=True)),

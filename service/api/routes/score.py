@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 
-from service.api.deps import EngineDep, require_json
+from service.api.deps import EngineDep, SubmissionDep, require_json
 from service.api.errors import CLIENT_CLOSED_REQUEST
 from service.api.handles import ClientDisconnectedError, final_result
 from service.api.openapi import INFERENCE_ERRORS, scaling_examples
@@ -26,11 +26,14 @@ SCORE_EXAMPLES = scaling_examples({"prompt": "import os\nprint(os.getcwd())\n"})
 
 @router.post("/score", response_model=ScoreResponse, responses=INFERENCE_ERRORS)
 async def score(
-    body: Annotated[ScoreRequest, Body(openapi_examples=SCORE_EXAMPLES)], request: Request, engine: EngineDep
+    body: Annotated[ScoreRequest, Body(openapi_examples=SCORE_EXAMPLES)],
+    request: Request,
+    engine: EngineDep,
+    submission: SubmissionDep,
 ) -> Response:
     """Score `prompt` (tokenized as for generation) or `tokens` (as given, no BOS added)."""
     job = score_job(f"score-{uuid.uuid4().hex}", body, prepare_scored(engine, body))
-    handle = engine.submit(job)
+    handle = submission.submit(engine, job)
     try:
         result = await final_result(handle, ScoreResult, request.receive)
     except ClientDisconnectedError:
