@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from pe_runtime import RopeScaling
 from service.model.checkpoint import load_checkpoint, save_checkpoint
 from service.model.config import SCHEMES, Scheme
 from service.model.transformer import Transformer
@@ -162,11 +163,17 @@ def optimizer_step(
     *,
     lr: float,
     grad_clip: float,
+    scaling: RopeScaling | None = None,
+    position_ids: torch.Tensor | None = None,
 ) -> float:
-    """One AdamW step on a batch (`inputs`, `targets` `[B, T]`); returns its loss in bits per byte."""
+    """One AdamW step on a batch (`inputs`, `targets` `[B, T]`); returns its loss in bits per byte.
+
+    `scaling` and `position_ids` (`[B, T]`) are the extension recipes' (`training.extend`).
+    """
     for group in optimizer.param_groups:
         group["lr"] = lr
-    loss = mean_nll_bits(model(inputs), targets)  # logits [B, T, V] -> scalar
+    logits = model(inputs, scaling=scaling, position_ids=position_ids)  # [B, T, V]
+    loss = mean_nll_bits(logits, targets)
     optimizer.zero_grad(set_to_none=True)
     torch.autograd.backward(loss)
     nn.utils.clip_grad_norm_(model.parameters(), grad_clip)

@@ -7,7 +7,9 @@ head is not stored twice: the file holds `embed_tokens.weight` only and tying re
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -22,11 +24,22 @@ _TIED_HEAD = "lm_head.weight"
 
 
 def save_checkpoint(
-    model: Transformer, directory: Path, *, name: str | None = None, dtype: torch.dtype | None = None
+    model: Transformer,
+    directory: Path,
+    *,
+    name: str | None = None,
+    dtype: torch.dtype | None = None,
+    training: Mapping[str, Any] | None = None,
 ) -> None:
-    """Write `model` to `directory` (created if needed), casting weights to `dtype` if given."""
+    """Write `model` to `directory` (created if needed), casting weights to `dtype` if given.
+
+    `training` is the recipe block of a training-side zoo member (`training.extension`); it is
+    stored beside the config as `"training"` and reported on the model's card as its method.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     config = model.config.to_dict() | {"name": name or directory.name}
+    if training is not None:
+        config["training"] = dict(training)
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     tensors = {
         key: (value if dtype is None else value.to(dtype)).detach().contiguous().cpu()

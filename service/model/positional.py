@@ -182,6 +182,28 @@ class PositionalEncoding(nn.Module):
             ),
         )
 
+    def at_positions(
+        self, position_ids: Tensor, scalings: Sequence[RopeScaling], *, dtype: torch.dtype
+    ) -> PositionalInputs:
+        """RoPE inputs for a fresh causal pass whose tokens sit at `position_ids` [B, T], not 0..T-1.
+
+        Training only: PoSE's skipped positions and randomized positions (`training.positions`)
+        rotate each token by an id of their choosing. Plain RoPE is the one scheme this is exact
+        for: its rotation is its whole positional input, so causal attention over the tokens' order
+        stays right whatever ids they carry. Serving never calls this.
+        """
+        if self.config.pe != "rope":
+            raise ValueError(f"explicit position ids need the 'rope' scheme, not {self.config.pe!r}")
+        for scaling in set(scalings):
+            self.check_scaling(scaling)
+        key_length = int(position_ids.max()) + 1
+        rows = [
+            _Row(0, scaling, self.table_key(scaling, key_length), position_ids.shape[1], key_length)
+            for scaling in scalings
+        ]
+        rope = self._rope(rows, position_ids, key_length, dtype)
+        return PositionalInputs(absolute=None, rope=rope, attn_mask=None, causal=True)
+
     def pass_tables(
         self,
         scalings: Sequence[RopeScaling],

@@ -206,6 +206,7 @@ class Transformer(nn.Module):
         last_n: int | None = None,
         table_lengths: Sequence[int] | None = None,
         counts: Sequence[int] | None = None,
+        position_ids: Tensor | None = None,
     ) -> Tensor:
         """tokens [B, T] -> logits [B, T, vocab_size], or [B, last_n, vocab_size] for the last positions.
 
@@ -220,9 +221,18 @@ class Transformer(nn.Module):
         by `T`, only once every layer has succeeded: a pass that raises leaves it as it was. Rows
         whose table changed since their entries were cached are the caller's to refresh first
         (`service.model.refresh`); the model computes, the batch decides.
+
+        `position_ids` [B, T] (training only, no cache) gives each token's RoPE position in place
+        of 0..T-1: PoSE's skipped and randomized positions train this way (`training.positions`).
         """
         stages = self.forward_stages(
-            tokens, scaling=scaling, cache=cache, last_n=last_n, table_lengths=table_lengths, counts=counts
+            tokens,
+            scaling=scaling,
+            cache=cache,
+            last_n=last_n,
+            table_lengths=table_lengths,
+            counts=counts,
+            position_ids=position_ids,
         )
         return run_stages(stages)
 
@@ -235,6 +245,7 @@ class Transformer(nn.Module):
         last_n: int | None = None,
         table_lengths: Sequence[int] | None = None,
         counts: Sequence[int] | None = None,
+        position_ids: Tensor | None = None,
     ) -> Stages[Tensor]:
         """`forward` a layer at a time: each `next()` runs one layer, the last returns the logits.
 
@@ -243,7 +254,9 @@ class Transformer(nn.Module):
         last layer is done, so a pass dropped half-way leaves it as it was.
         """
         scalings = self._row_scalings(scaling, tokens.shape[0])
-        hidden = yield from self._hidden(tokens, scalings, cache, table_lengths, counts)  # [B, T, D]
+        hidden = yield from self._hidden(
+            tokens, scalings, cache, table_lengths, counts, position_ids
+        )  # [B, T, D]
         if counts is not None:
             last = torch.tensor(list(counts), device=tokens.device) - 1
             hidden = hidden[torch.arange(tokens.shape[0], device=tokens.device), last][:, None]
@@ -304,6 +317,7 @@ class Transformer(nn.Module):
         cache: RowCache | None,
         table_lengths: Sequence[int] | None,
         counts: Sequence[int] | None = None,
+        position_ids: Tensor | None = None,
     ) -> Stages[Tensor]:
         """The layers' output before the final norm; writes the new entries into `cache`.
 
@@ -313,15 +327,20 @@ class Transformer(nn.Module):
         if self.embed_norm is not None:
             hidden = self.embed_norm(hidden)
         past_lengths = cache.lengths if cache is not None else [0] * batch
-        positions = self.positions(
-            length,
-            past_lengths,
-            scalings,
-            device=tokens.device,
-            dtype=hidden.dtype,
-            table_lengths=table_lengths,
-            counts=counts,
-        )
+        if position_ids is not None:
+            if cache is not None:
+                raise ValueError("position_ids are for fresh training passes, not cached ones")
+            positions = self.positions.at_positions(position_ids, scalings, dtype=hidden.dtype)
+        else:
+            positions = self.positions(
+                length,
+                past_lengths,
+                scalings,
+                device=tokens.device,
+                dtype=hidden.dtype,
+                table_lengths=table_lengths,
+                counts=counts,
+            )
         if positions.absolute is not None:
             hidden = hidden + positions.absolute
         if cache is not None:
