@@ -10,8 +10,7 @@ too, not constants, so every model with the same architecture and scheme shares 
 
 Attention is `reference_paged_decode_attention`, which the compiler fuses over the whole window.
 On a CPU in float32 a batch skips this function: `service.model.kernels.batch_pass` runs the same
-layers in C after the same `pass_prelude`, over weights packed for it (`pack_weights(...,
-packed=True)`).
+layers in C after the same `pass_prelude`, over weights packed for it (`fast_decode.c_batch_pass`).
 
 The math is the eager model's (`service.model.transformer`) step for step, with the query, key
 and value projections fused into one matrix product and the gate and up projections into another.
@@ -19,6 +18,7 @@ and value projections fused into one matrix product and the gate and up projecti
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple, cast
 
 import torch
@@ -27,7 +27,6 @@ from torch import Tensor
 
 from pe_runtime.rope import apply_rope
 from service.model.config import ModelConfig, RopeLayout, Scheme
-from service.model.kernels.packed_linear import pack_weight
 from service.model.kernels.paged_attention import reference_paged_decode_attention
 from service.model.transformer import Block, Transformer, rms_norm
 
@@ -46,7 +45,7 @@ class PassShape(NamedTuple):
 
 
 class LayerWeights(NamedTuple):
-    """Matrices are [N, K], or their `pack_weight` panels [ceil(N / 32), K, 32] for the C step."""
+    """Matrices are [N, K]."""
 
     attn_norm: Tensor  # [D]
     qkv: Tensor  # [(H + 2 Hkv) * hd, D]
@@ -57,12 +56,18 @@ class LayerWeights(NamedTuple):
     down: Tensor  # [D, F]
 
 
-class PassWeights(NamedTuple):
+class PreludeWeights(NamedTuple):
+    """What `pass_prelude` reads: shared by the torch step and the C step."""
+
     embed: Tensor  # [V, D]
+    t5_table: Tensor | None  # [num_buckets, H]
+
+
+class PassWeights(NamedTuple):
+    prelude: PreludeWeights
     layers: tuple[LayerWeights, ...]
     final_norm: Tensor  # [D]
     lm_head: Tensor  # [V, D]
-    t5_table: Tensor | None  # [num_buckets, H]
 
 
 class PassInputs(NamedTuple):
@@ -120,39 +125,47 @@ def pass_shape(model: Transformer, block_size: int) -> PassShape:
     )
 
 
+def prelude_weights(model: Transformer) -> PreludeWeights:
+    t5 = model.positions.t5_table
+    return PreludeWeights(embed=model.embed_tokens.weight, t5_table=t5.weight if t5 is not None else None)
+
+
 @torch.no_grad()
-def pack_weights(model: Transformer, *, packed: bool = False) -> PassWeights:
-    """The model's weights in the step's layout (fused projections are copies, made once);
-    `packed` lays the matrices out in panels for the C batch step (copies too)."""
+def pack_weights(model: Transformer) -> PassWeights:
+    """The model's weights in the step's layout (fused projections are copies, made once)."""
     reason = unsupported_by_fast_pass(model.config)
     if reason is not None:
         raise ValueError(f"the decode pass cannot run this model: {reason}")
-    matrix = pack_weight if packed else _as_is
     layers = []
     for block in cast(list[Block], list(model.layers)):
         attention, mlp = block.attn, block.mlp
         assert block.mlp_norm is not None and mlp.gate_proj is not None  # Llama's block, checked above
         projections = [attention.q_proj, attention.k_proj, attention.v_proj]
-        biases = [projection.bias for projection in projections]
         layers.append(
             LayerWeights(
-                attn_norm=_norm_weight(block.attn_norm),
-                qkv=matrix(torch.cat([projection.weight for projection in projections])),
-                qkv_bias=torch.cat([b for b in biases if b is not None]) if biases[0] is not None else None,
-                o_proj=matrix(attention.o_proj.weight),
-                mlp_norm=_norm_weight(block.mlp_norm),
-                gate_up=matrix(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-                down=matrix(mlp.down_proj.weight),
+                attn_norm=norm_weight(block.attn_norm),
+                qkv=torch.cat([projection.weight for projection in projections]),
+                qkv_bias=fused_bias(projections),
+                o_proj=attention.o_proj.weight,
+                mlp_norm=norm_weight(block.mlp_norm),
+                gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                down=mlp.down_proj.weight,
             )
         )
-    t5 = model.positions.t5_table
     return PassWeights(
-        embed=model.embed_tokens.weight,
+        prelude=prelude_weights(model),
         layers=tuple(layers),
-        final_norm=_norm_weight(model.norm),
-        lm_head=matrix(model.lm_head.weight),
-        t5_table=t5.weight if t5 is not None else None,
+        final_norm=norm_weight(model.norm),
+        lm_head=model.lm_head.weight,
     )
+
+
+def fused_bias(projections: Sequence[torch.nn.Module]) -> Tensor | None:
+    """The biases of projections whose outputs are stacked into one product (q, k, v): all or none."""
+    biases = [projection.bias for projection in projections]
+    if not all(isinstance(bias, Tensor) for bias in biases):
+        return None
+    return torch.cat(cast(list[Tensor], biases))
 
 
 def decode_one_token(
@@ -165,7 +178,7 @@ def decode_one_token(
     """Logits float32 [B, V]; writes each row's new key and value into its block at its position."""
     batch = inputs.tokens.shape[0]
     heads, kv_heads, head_dim = shape.n_heads, shape.n_kv_heads, shape.head_dim
-    hidden, rope, bias = pass_prelude(shape, weights, inputs)
+    hidden, rope, bias = pass_prelude(shape, weights.prelude, inputs)
     for layer, keys_pages, values_pages in zip(weights.layers, key_pages, value_pages, strict=True):
         normed = rms_norm(hidden, layer.attn_norm, shape.norm_eps)
         qkv = F.linear(normed, layer.qkv, layer.qkv_bias)
@@ -194,7 +207,7 @@ class PassPrelude(NamedTuple):
     bias: Tensor | None  # [B, H, W] float32, the scheme's bias on the attention scores
 
 
-def pass_prelude(shape: PassShape, weights: PassWeights, inputs: PassInputs) -> PassPrelude:
+def pass_prelude(shape: PassShape, weights: PreludeWeights, inputs: PassInputs) -> PassPrelude:
     """The step's inputs to its layers: shared by the torch step and the C batch step."""
     window = inputs.window_blocks.shape[1] * shape.block_size
     positions = inputs.positions
@@ -207,17 +220,13 @@ def pass_prelude(shape: PassShape, weights: PassWeights, inputs: PassInputs) -> 
     return PassPrelude(hidden, rope, _scheme_bias(weights, inputs, window))
 
 
-def _norm_weight(norm: torch.nn.Module) -> Tensor:
+def norm_weight(norm: torch.nn.Module) -> Tensor:
     weight = norm.weight
     assert isinstance(weight, Tensor)
     return weight
 
 
-def _as_is(weight: Tensor) -> Tensor:
-    return weight
-
-
-def _scheme_bias(weights: PassWeights, inputs: PassInputs, window: int) -> Tensor | None:
+def _scheme_bias(weights: PreludeWeights, inputs: PassInputs, window: int) -> Tensor | None:
     """The scheme's bias on the scores, float32 [B, H, W]; None where it has none (RoPE, NoPE)."""
     if inputs.alibi_slopes is None and inputs.t5_buckets is None:
         return None

@@ -42,14 +42,20 @@ from service.model.decode_pass import (
     PassInputs,
     PassWeights,
     decode_one_token,
+    fused_bias,
+    norm_weight,
     pack_weights,
     pass_prelude,
     pass_shape,
+    prelude_weights,
+    unsupported_by_fast_pass,
 )
 from service.model.kernels import batch_pass
+from service.model.kernels.packed_linear import Panels, pack_int8, pack_weight
 from service.model.paged_cache import PagedKVCache, PagedRows
 from service.model.positional import PassTables
-from service.model.transformer import Transformer
+from service.model.quantized import Int8Linear
+from service.model.transformer import Block, Transformer
 
 logger = logging.getLogger("service.model.fast_decode")
 
@@ -122,9 +128,10 @@ class FastDecoder:
         self.max_window = max_window
         self.max_batch = max_batch
         self.shape = pass_shape(model, pool.block_size)
-        # The C step reads the panels; the prelude reads only the embedding and T5 table, shared.
-        self.weights = pack_weights(model, packed=backend is Backend.C)
-        self.c_pass = _c_batch_pass(model, pool, self.weights) if backend is Backend.C else None
+        # The C step reads its own panels; the torch step the fused matrices. Both share the prelude.
+        self.c_pass = c_batch_pass(model, pool) if backend is Backend.C else None
+        self.weights: PassWeights | None = pack_weights(model) if self.c_pass is None else None
+        self.prelude = prelude_weights(model)
         self.compile_seconds = 0.0
         self._step = compiled_step() if inductor else decode_one_token
         self.graphs = (
@@ -296,7 +303,7 @@ class FastDecoder:
         """The step in C, after the torch step's own prelude (embedding, tables, bias): logits
         [B, V], or with `logits=False` the final residual [B, D] before the model's last norm."""
         assert self.c_pass is not None
-        hidden, rope, bias = pass_prelude(self.shape, self.weights, inputs)
+        hidden, rope, bias = pass_prelude(self.shape, self.prelude, inputs)
         return self.c_pass(hidden, rope, bias, inputs.window_blocks, inputs.positions, logits=logits)
 
     def _torch_step(self, inputs: PassInputs) -> Tensor:
@@ -309,6 +316,7 @@ class FastDecoder:
         for stack in (inputs.rope_cos, inputs.rope_sin, inputs.absolute):
             if stack is not None:
                 torch._dynamo.mark_dynamic(stack, 0)
+        assert self.weights is not None  # every backend but C
         logits: Tensor = self._step(self.shape, self.weights, inputs, self.pool.keys, self.pool.values)
         return logits
 
@@ -335,14 +343,41 @@ class FastDecoder:
         return self._tables[1]
 
 
-def _c_batch_pass(model: Transformer, pool: PagedKVCache, weights: PassWeights) -> batch_pass.BatchPass:
-    """The C step over the model's weights as `pack_weights(..., packed=True)` laid them out."""
-    layers = [
-        (layer.attn_norm, layer.qkv, layer.qkv_bias, layer.o_proj, layer.mlp_norm, layer.gate_up, layer.down)
-        for layer in weights.layers
-    ]
-    final = weights.final_norm, weights.lm_head
-    return batch_pass.BatchPass(model.config, layers, *final, pool.keys, pool.values)
+@torch.no_grad()
+def c_batch_pass(model: Transformer, pool: PagedKVCache) -> batch_pass.BatchPass:
+    """The C step over the model's weights, packed in panels (copies, made once): float32 layers
+    as float panels, `Int8Linear` layers as their codes and scales, unwidened."""
+    reason = unsupported_by_fast_pass(model.config)
+    if reason is not None:
+        raise ValueError(f"the C step cannot run this model: {reason}")
+    layers = []
+    for block in model.layers:
+        assert isinstance(block, Block) and block.mlp_norm is not None  # Llama's block, checked above
+        attention, mlp = block.attn, block.mlp
+        projections = [attention.q_proj, attention.k_proj, attention.v_proj]
+        layers.append(
+            batch_pass.CLayer(
+                attn_norm=norm_weight(block.attn_norm),
+                qkv=_panels(projections),
+                qkv_bias=fused_bias(projections),
+                o_proj=_panels([attention.o_proj]),
+                mlp_norm=norm_weight(block.mlp_norm),
+                gate_up=_panels([mlp.gate_proj, mlp.up_proj]),
+                down=_panels([mlp.down_proj]),
+            )
+        )
+    head = _panels([model.lm_head])
+    return batch_pass.BatchPass(model.config, layers, norm_weight(model.norm), head, pool.keys, pool.values)
+
+
+def _panels(projections: Sequence[torch.nn.Module | None]) -> Panels:
+    """One product's panels from the layers whose outputs it stacks (q, k, v; gate, up)."""
+    if all(isinstance(projection, Int8Linear) for projection in projections):
+        int8 = [projection for projection in projections if isinstance(projection, Int8Linear)]
+        return pack_int8(torch.cat([p.codes for p in int8]), torch.cat([p.scales for p in int8]))
+    if all(isinstance(projection, torch.nn.Linear) for projection in projections):
+        return pack_weight(torch.cat([p.weight for p in projections if isinstance(p, torch.nn.Linear)]))
+    raise ValueError(f"the C step reads float or int8 layers, not {[type(p).__name__ for p in projections]}")
 
 
 def _two_or_more(tables: PassTables) -> dict[str, Tensor]:

@@ -1,15 +1,20 @@
 """Quantized weights (`--weights int8|int4`): a model's linear layers swapped, once at load, for
-modules that keep their weights packed and multiply through torch's own kernels.
+modules that keep their weights packed.
 
 Which kernel, and why:
 
-- `int8` on a CPU: fbgemm's dynamic linear (`quantized::linear_dynamic`). Weights are int8 with
-  one scale per output channel; each call quantizes its activations per row block to uint8 and
-  accumulates in int32. It is torch's well-kept x86 path (AVX2 / AVX-512 VNNI). torch's
-  weight-only `_weight_int8pack_mm` exists too, but on a CPU it is a reference loop, 10-20x slower
-  than a float matmul on our hosts, where fbgemm is 4-18x faster (measured on SmolLM2's shapes).
+- `int8` on a CPU: weight-only int8 with one scale per output and group of `INT8_GROUP` inputs
+  (GGUF's Q8_0 layout), activations kept float. Decode passes run in C (`kernels/batch_pass.c`),
+  which reads the codes packed in panels and widens them in registers: a decode pass reads every
+  weight once per step and is bound by the bytes it reads, so codes at a quarter of float32's
+  bytes are the point. Where the eager pass runs (long prompt chunks, models the C step cannot
+  express) the layer widens its codes to a float matrix per call and multiplies with BLAS: at a
+  prompt chunk's hundreds of rows that costs little against the product itself.
+  Quantizing the activations too (fbgemm's dynamic linear, the first int8 path here) cost 0.057
+  bits per token on SmolLM2 and needed per-row rescaling against its outlier rows; weight-only
+  codes keep the activations exact.
 - `int8` on CUDA: weight-only `_weight_int8pack_mm` (int8 weights, per-channel scales, float
-  activations).
+  activations): one group spanning the whole input.
 - `int4` on a CPU: `_weight_int4pack_mm_for_cpu`, 4-bit weights in groups of 32 along the input
   with a scale and zero point per group (asymmetric, as GGUF's Q4_1). Its activations go in as
   bfloat16: that is the kernel's vectorized path; with float32 it falls back to a scalar loop
@@ -25,13 +30,15 @@ the float table). What a format costs in quality is measured (bits per token on 
 
 from __future__ import annotations
 
-import warnings
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from service.model.transformer import Transformer
 
+INT8_GROUP = 32  # input channels sharing one int8 scale on a CPU, as in GGUF's Q8_0 blocks
 INT4_GROUP = 32  # input channels sharing one scale and zero point, as in GGUF's Q4 blocks
 INT4_OUTPUT_TILE = 16  # the int4 packing's unit along the outputs
 
@@ -41,61 +48,58 @@ class WeightsError(ValueError):
 
 
 class Int8Linear(nn.Module):
-    """`F.linear` with int8 weights, one scale per output channel, packed once."""
+    """`F.linear` with int8 weights: codes [N, K] and one scale per output and group of inputs
+    ([N, ceil(K / group)]; W[n, k] = code * scale). The group is `INT8_GROUP` on a CPU (what the
+    C step reads) and the whole input on CUDA (what `_weight_int8pack_mm` takes)."""
 
+    codes: Tensor  # [N, K] int8
+    scales: Tensor  # [N, ceil(K / group)] float32
     bias: Tensor | None
-    sentinel: Tensor  # CPU: the row that pins fbgemm's activation range
-    qweight: Tensor  # CUDA: [N, K] int8
-    scales: Tensor  # CUDA: [N]
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(
+        self, codes: Tensor, scales: Tensor, bias: Tensor | None, *, group: int, dtype: torch.dtype
+    ) -> None:
         super().__init__()
+        self.out_features, self.in_features = codes.shape
+        if codes.dtype != torch.int8 or scales.shape != (self.out_features, -(-self.in_features // group)):
+            raise WeightsError(f"int8 codes {tuple(codes.shape)} need scales per group of {group} inputs")
+        self.group, self.out_dtype = group, dtype
+        self.register_buffer("codes", codes.contiguous())
+        self.register_buffer("scales", scales.float().contiguous())
+        self.register_buffer("bias", bias.detach().to(dtype) if bias is not None else None)
+
+    @classmethod
+    def quantize(cls, linear: nn.Linear) -> Int8Linear:
+        """Symmetric codes: each group's largest magnitude maps to 127."""
         weight = linear.weight.detach().float()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.out_dtype = linear.weight.dtype
-        scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
-        # Added after the matmul on both devices; on a CPU it must follow the per-row rescale.
-        bias = linear.bias.detach().to(self.out_dtype) if linear.bias is not None else None
-        self.register_buffer("bias", bias)
-        self.on_cpu = weight.device.type == "cpu"
-        if self.on_cpu:
-            if "fbgemm" not in torch.backends.quantized.supported_engines:
-                raise WeightsError("weights 'int8' on a CPU need torch's fbgemm kernels (x86), absent here")
-            with warnings.catch_warnings():
-                # Quantized tensors are deprecated upstream; fbgemm's prepack still takes one, and
-                # torch is pinned (2.13), so the warning says nothing a user can act on.
-                warnings.simplefilter("ignore", UserWarning)
-                qweight = torch.quantize_per_channel(
-                    weight, scales.double(), torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8
-                )
-            self._packed = torch.ops.quantized.linear_prepack(qweight, None)
-            sentinel = torch.zeros(1, self.in_features)
-            sentinel[0, 0], sentinel[0, -1] = 1.0, -1.0
-            self.register_buffer("sentinel", sentinel)
-        else:
-            quantized = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
-            self.register_buffer("qweight", quantized)
-            self.register_buffer("scales", scales.to(self.out_dtype))
+        group = INT8_GROUP if weight.device.type == "cpu" else linear.in_features
+        groups = _grouped(weight, group)  # [N, G, group], zero-padded
+        scales = (groups.abs().amax(dim=-1) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
+        codes = torch.round(groups / scales[..., None]).clamp(-127, 127).to(torch.int8)
+        codes = codes.view(weight.shape[0], -1)[:, : linear.in_features]
+        return cls(codes, scales, linear.bias, group=group, dtype=linear.weight.dtype)
+
+    def dequantized(self) -> Tensor:
+        """The float weight [N, K] the codes stand for."""
+        groups = _grouped(self.codes.float(), self.group) * self.scales[..., None]
+        return groups.view(self.out_features, -1)[:, : self.in_features]
 
     def forward(self, x: Tensor) -> Tensor:  # [..., K] -> [..., N]
-        if self.on_cpu:
-            # fbgemm quantizes its whole input on one range. Real models have rows (a BOS token,
-            # a delimiter) whose activations are 100x the rest, which would crush every other row
-            # to a few levels: on SmolLM2 that cost 0.75 bits per token, most of it in down_proj.
-            # Each row is scaled to a peak of 1 and its output scaled back (the layer is linear),
-            # and a sentinel row [1, -1, 0, ...] pins the range to [-1, 1]: every row is quantized
-            # on the same grid whatever its batch, so batched equals alone.
-            flat = x.reshape(-1, self.in_features).float()
-            peaks = flat.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
-            rows = torch.cat([flat / peaks, self.sentinel])
-            out = torch.ops.quantized.linear_dynamic(rows, self._packed, False)[:-1] * peaks
-        else:
+        if self.codes.device.type == "cuda":
             flat = x.reshape(-1, self.in_features).to(self.out_dtype)
-            out = torch._weight_int8pack_mm(flat, self.qweight, self.scales)
-        if self.bias is not None:
-            out = out + self.bias
-        result: Tensor = out.to(x.dtype).view(*x.shape[:-1], self.out_features)
-        return result
+            out = torch._weight_int8pack_mm(flat, self.codes, self.scales[:, 0].to(self.out_dtype))
+            if self.bias is not None:
+                out = out + self.bias
+            return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        return F.linear(
+            x, self.dequantized().to(x.dtype), self.bias.to(x.dtype) if self.bias is not None else None
+        )
+
+
+def _grouped(matrix: Tensor, group: int) -> Tensor:
+    """[N, ceil(K / group), group] from [N, K], zero-padded along K."""
+    padded = F.pad(matrix, (0, -matrix.shape[1] % group))
+    return padded.view(matrix.shape[0], -1, group)
 
 
 class Int4Linear(nn.Module):
@@ -144,7 +148,7 @@ def quantize_weights(model: Transformer, weights: str) -> Transformer:
     if packer is None:
         raise WeightsError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, not {weights!r}")
     device = model.embed_tokens.weight.device
-    if packer is Int4Linear and device.type != "cpu":
+    if weights == "int4" and device.type != "cpu":
         raise WeightsError(f"weights 'int4' run on a CPU only (the model is on {device.type}); use int8")
     targets = [(name, module) for name, module in model.named_modules() if _is_packed_target(name, module)]
     for name, module in targets:
@@ -163,13 +167,14 @@ def quantize_weights(model: Transformer, weights: str) -> Transformer:
 def weights_of(model: nn.Module) -> str:
     """The format `quantize_weights` left `model` in."""
     for module in model.modules():
-        for name, packer in _PACKERS.items():
-            if isinstance(module, packer):
+        for name, packed in _CLASSES.items():
+            if isinstance(module, packed):
                 return name
     return "float"
 
 
-_PACKERS: dict[str, type[Int8Linear] | type[Int4Linear]] = {"int8": Int8Linear, "int4": Int4Linear}
+_PACKERS: dict[str, Callable[[nn.Linear], nn.Module]] = {"int8": Int8Linear.quantize, "int4": Int4Linear}
+_CLASSES: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int4Linear}
 # What `--weights` accepts (`service.settings.Weights` spells the same names for the CLI).
 WEIGHT_FORMATS: tuple[str, ...] = ("float", *_PACKERS)
 
@@ -187,6 +192,7 @@ def _is_packed_target(name: str, module: nn.Module) -> bool:
 
 __all__ = [
     "INT4_GROUP",
+    "INT8_GROUP",
     "WEIGHT_FORMATS",
     "Int4Linear",
     "Int8Linear",

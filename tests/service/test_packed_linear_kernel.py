@@ -1,8 +1,11 @@
-"""The C product kernel against `F.linear` on the unpacked weight.
+"""The C product kernel against `F.linear` on the unpacked weight, float32 and int8 panels.
 
 Row counts cover a lone row, every remainder of the kernel's 8-row tiles and more than one tile;
-output widths cover whole panels of 32 and a last partial one (a zoo vocabulary of 258); inputs
-are strided rows (slices of a wider tensor), as the step's projections hand over.
+output widths cover whole panels of 32 and a last partial one (a zoo vocabulary of 258); input
+widths cover whole int8 groups of 32 and a last partial one; inputs are strided rows (slices of a
+wider tensor), as the step's projections hand over. Int8 panels are checked against `F.linear`
+on the weight their codes stand for (`Int8Linear.dequantized`), so the kernel's own error is
+float rounding, whatever the quantization costs.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from service.model.kernels import packed_linear as kernel
-from service.model.kernels.packed_linear import pack_weight, packed_linear
+from service.model.kernels.packed_linear import Panels, pack_int8, pack_weight, packed_linear
+from service.model.quantized import Int8Linear
 from tests.kernels import require_kernel, torch_threads
 
 
@@ -30,36 +34,83 @@ def weights(out_features: int, in_features: int, seed: int = 0) -> tuple[torch.T
     return weight, torch.randn(out_features, generator=generator)
 
 
+def int8_layer(weight: torch.Tensor) -> Int8Linear:
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+    return Int8Linear.quantize(linear)
+
+
+def packed(weight: torch.Tensor, fmt: str) -> tuple[Panels, torch.Tensor]:
+    """The panels in format `fmt` and the float weight they stand for."""
+    if fmt == "float32":
+        return pack_weight(weight), weight
+    layer = int8_layer(weight)
+    return pack_int8(layer.codes, layer.scales), layer.dequantized()
+
+
+def unpanel(panels: torch.Tensor, rows: int) -> torch.Tensor:
+    width = panels.shape[1]
+    return panels.transpose(1, 2).reshape(-1, width)[:rows]  # the panels' rows, back in order
+
+
 @pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
 def test_packing_round_trips(out_features: int, in_features: int) -> None:
     weight, _ = weights(out_features, in_features)
-    packed = pack_weight(weight)
-    assert packed.shape == (-(-out_features // 32), in_features, 32)
-    columns = packed.transpose(1, 2).reshape(-1, in_features)  # the panels' rows, back in order
+    values, scales = pack_weight(weight)
+    assert values.shape == (-(-out_features // 32), in_features, 32) and scales is None
+    columns = values.transpose(1, 2).reshape(-1, in_features)
     assert torch.equal(columns[:out_features], weight)
     assert not columns[out_features:].any()  # zero padding
 
 
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
+def test_int8_packing_keeps_the_codes_and_their_group_scales(out_features: int, in_features: int) -> None:
+    weight, _ = weights(out_features, in_features)
+    layer = int8_layer(weight)
+    values, scales = pack_int8(layer.codes, layer.scales)
+    groups = -(-in_features // 32)
+    assert values.dtype == torch.int8 and values.shape == (-(-out_features // 32), in_features, 32)
+    assert scales is not None and scales.shape == (values.shape[0], groups, 32)
+    assert torch.equal(unpanel(values, out_features), layer.codes)
+    assert torch.equal(unpanel(scales, out_features), layer.scales)
+    # Symmetric codes on each group's own scale: within half a step of the weight.
+    steps = layer.scales.repeat_interleave(32, dim=1)[:, :in_features]
+    assert ((layer.dequantized() - weight).abs() <= steps / 2 + 1e-6).all()
+
+
+@pytest.mark.parametrize("fmt", ["float32", "int8"])
 @pytest.mark.parametrize("threads", [1, 2], ids=["1-thread", "2-threads"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["plain", "bias"])
 @pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
 @pytest.mark.parametrize("rows", [1, 3, 8, 13, 16, 64])
 def test_the_kernel_equals_f_linear(
-    rows: int, out_features: int, in_features: int, with_bias: bool, threads: int
+    rows: int, out_features: int, in_features: int, with_bias: bool, threads: int, fmt: str
 ) -> None:
     weight, bias = weights(out_features, in_features, seed=rows)
+    panels, meant = packed(weight, fmt)
     wide = torch.randn(rows, in_features + 9)
     x = wide[:, 4 : 4 + in_features]  # strided rows
     used_bias = bias if with_bias else None
     with torch_threads(threads):
-        out = packed_linear(x, pack_weight(weight), used_bias, out_features)
+        out = packed_linear(x, panels, used_bias, out_features)
     assert out.shape == (rows, out_features) and out.is_contiguous()
-    torch.testing.assert_close(out, F.linear(x, weight, used_bias), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out, F.linear(x, meant, used_bias), atol=1e-4, rtol=1e-4)
 
 
 def test_a_weight_that_was_not_packed_is_refused() -> None:
     weight, _ = weights(64, 32)
     with pytest.raises(ValueError, match="pack_weight"):
-        packed_linear(torch.randn(2, 32), weight, None, 64)
+        packed_linear(torch.randn(2, 32), weight, None, 64)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="features"):
         packed_linear(torch.randn(2, 31), pack_weight(weight), None, 64)
+
+
+def test_int8_panels_without_their_scales_are_refused() -> None:
+    weight, _ = weights(64, 32)
+    values, scales = packed(weight, "int8")[0]
+    with pytest.raises(ValueError, match="scales per group"):
+        packed_linear(torch.randn(2, 32), Panels(values, None), None, 64)
+    assert scales is not None
+    with pytest.raises(ValueError, match="scales per group"):
+        packed_linear(torch.randn(2, 32), Panels(values, scales[:, :0]), None, 64)

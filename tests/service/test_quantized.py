@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import get_args
 
@@ -39,11 +40,13 @@ from tests.service.test_engine_serving import engine_over, outcomes, request
 
 # A layer's output error over the float layer's output norm, per format.
 LAYER_TOLERANCE = {"int8": 0.02, "int4": 0.12}
-PACKERS = {"int8": Int8Linear, "int4": Int4Linear}
+PACKERS: dict[str, Callable[[nn.Linear], nn.Module]] = {"int8": Int8Linear.quantize, "int4": Int4Linear}
+CLASSES: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int4Linear}
 FORMATS = ["int8", "int4"]
 # Logprob agreement between two runs of one model (incremental against full, batched against
-# alone). int8 quantizes each row on a fixed grid, so only float sums differ; the int4 kernel
-# rounds its outputs to bfloat16, and how it tiles a pass depends on the pass's row count.
+# alone). int8 is weight-only: the C step's panels and the eager pass's widened matrix hold the
+# same weights, and activations stay float, so only float sums differ; the int4 kernel rounds its
+# outputs to bfloat16, and how it tiles a pass depends on the pass's row count.
 RUN_TOLERANCE = {"int8": 1e-4, "int4": 2e-2}
 
 
@@ -70,10 +73,11 @@ def test_a_packed_layer_matches_the_float_layer_within_its_tolerance(weights: st
 
 
 def test_int8_rows_with_huge_activations_do_not_spoil_the_other_rows() -> None:
-    """Real models have rows 100x the rest (a BOS token); each row is quantized on its own scale."""
+    """Real models have rows 100x the rest (a BOS token); activations are never quantized, so a row
+    is computed on its own whatever its neighbours."""
     torch.manual_seed(1)
     layer = nn.Linear(256, 64)
-    packed = Int8Linear(layer)
+    packed = Int8Linear.quantize(layer)
     inputs = torch.randn(8, 256)
     inputs[0] *= 300.0
     with torch.no_grad():
@@ -86,7 +90,7 @@ def test_int8_rows_with_huge_activations_do_not_spoil_the_other_rows() -> None:
 def test_every_block_projection_and_the_head_are_packed_and_the_rest_stays_float(weights: str) -> None:
     model = quantize_weights(tiny_transformer(d_model=64, ffn_hidden=128), weights)
     assert weights_of(model) == weights
-    packed = {name for name, module in model.named_modules() if isinstance(module, PACKERS[weights])}
+    packed = {name for name, module in model.named_modules() if isinstance(module, CLASSES[weights])}
     per_layer = {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.up_proj", "mlp.down_proj"}
     if model.config.gated_mlp:
         per_layer.add("mlp.gate_proj")
@@ -110,14 +114,33 @@ def test_an_unknown_format_and_widths_off_the_int4_group_are_refused_by_name() -
         quantize_weights(tiny_transformer(d_model=48), "int4")
 
 
-def test_packed_weights_run_eager_and_say_why() -> None:
+def test_int8_weights_run_the_c_step_and_int4_runs_eager_saying_why() -> None:
     model = tiny_transformer()
     cpu = torch.device("cpu")
-    choice = choose_backend(
-        model.config, device=cpu, dtype=torch.float32, threads=1, allow_compile=True, weights="int8"
-    )
-    assert choice.backend is Backend.EAGER
-    assert "int8" in choice.reason
+    choices = {
+        weights: choose_backend(
+            model.config, device=cpu, dtype=torch.float32, threads=1, allow_compile=True, weights=weights
+        )
+        for weights in FORMATS
+    }
+    assert choices["int8"].backend is Backend.C and "int8" in choices["int8"].reason
+    assert choices["int4"].backend is Backend.EAGER and "int4" in choices["int4"].reason
+
+
+def test_an_int8_layer_widens_to_the_weight_its_codes_stand_for() -> None:
+    """Groups of 32 inputs on a CPU (GGUF's Q8_0 block), the last one short when K is not a
+    multiple: each weight is within half a step of its group's scale."""
+    torch.manual_seed(2)
+    layer = nn.Linear(70, 40)
+    packed = Int8Linear.quantize(layer)
+    assert packed.codes.shape == (40, 70) and packed.scales.shape == (40, 3)
+    steps = packed.scales.repeat_interleave(32, dim=1)[:, :70]
+    assert ((packed.dequantized() - layer.weight).abs() <= steps / 2 + 1e-7).all()
+    inputs = torch.randn(5, 70)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            packed(inputs), nn.functional.linear(inputs, packed.dequantized(), layer.bias)
+        )
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +171,7 @@ def test_packed_models_decode_incrementally_as_one_full_pass_does(wide_dir: Path
 
 @pytest.mark.parametrize("weights", FORMATS)
 def test_packed_models_give_each_batched_row_what_it_gets_alone(wide_dir: Path, weights: str) -> None:
-    """int8 quantizes each row's activations on its own scale, so a row never depends on its batch."""
+    """Weight-only int8 leaves activations float, so a row never depends on its batch."""
     models = load_models([wide_dir], device="cpu", dtype="float32", weights=weights)
     prompts = [tuple((7 * i + n) % 256 for i in range(n)) for n in (3, 9, 21, 40)]
     requests = [request(i, prompt, new_tokens=10) for i, prompt in enumerate(prompts)]
@@ -171,7 +194,7 @@ def test_the_served_card_reports_the_weights_and_a_bad_format_fails_the_start(
         generated = httpx.post(
             server.url("/generate"), json={"prompt": "abc", "max_new_tokens": 4, "temperature": 0}
         )
-    assert (card["weights"], card["backend"]) == ("int8", "eager")
+    assert (card["weights"], card["backend"]) == ("int8", "c")
     assert generated.status_code == 200, generated.text
     narrow = make_tiny_checkpoint("rope", name="tiny-narrow", d_model=48)  # 1.5 int4 groups wide
     command = [sys.executable, "-m", "service", "--port", "0", "--grpc-port", "0", "--weights", "int4"]

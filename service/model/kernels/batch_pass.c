@@ -11,18 +11,21 @@
  *   hidden       [B, D]      the embedded tokens (scaled, absolute positions added); overwritten
  *   rope_cos/sin [B, R]      each row's rotary tables at its position, or NULL (no rotation)
  *   bias         [B, H, W]   added to the attention scores (ALiBi, T5), or NULL
- *   layers       per layer 7 pointers: attn_norm [D], qkv (packed, N = (H + 2 Hkv) hd),
- *                qkv_bias [N] or NULL, o_proj (packed, N = D), mlp_norm [D],
- *                gate_up (packed, N = 2 F), down (packed, N = D)
+ *   layers       per layer 11 pointers: attn_norm [D], qkv (packed, N = (H + 2 Hkv) hd) and its
+ *                scales, qkv_bias [N] or NULL, o_proj (packed, N = D) and its scales, mlp_norm [D],
+ *                gate_up (packed, N = 2 F) and its scales, down (packed, N = D) and its scales;
+ *                a matrix's scales are NULL for float32 panels (see `packed_linear.c`)
  *   key_pages / value_pages  per layer, [Hkv, NB, BS, hd]: each row's new entries are written
  *   window_blocks [B, nb], positions [B]   as for `paged_decode_attention`
- *   final_norm [D], lm_head (packed, N = V); logits [B, V] out
+ *   final_norm [D], lm_head (packed, N = V) and its scales; logits [B, V] out
  *   workspace    `batch_pass_workspace(...)` floats, sized after `kernel_threads`
  */
 #include "packed_linear.c"
 #include "paged_attention.c"
 
-#define LAYER_TENSORS 7
+/* Where each tensor sits in a layer's entry of `layers`. */
+enum { ATTN_NORM, QKV, QKV_SCALES, QKV_BIAS, O_PROJ, O_SCALES, MLP_NORM, GATE_UP, GATE_UP_SCALES, DOWN, DOWN_SCALES,
+       LAYER_TENSORS };
 
 int64_t batch_pass_workspace(int64_t batch, int64_t d_model, int64_t heads, int64_t kv_heads, int64_t head_dim,
                              int64_t ffn, int64_t window) {
@@ -87,9 +90,9 @@ static void add_rows(float *restrict into, const float *restrict values, int64_t
 }
 
 void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, const float *bias,
-                       const float *const *layers, float *const *key_pages, float *const *value_pages,
+                       const void *const *layers, float *const *key_pages, float *const *value_pages,
                        const int64_t *window_blocks, const int64_t *positions, const float *final_norm,
-                       const float *lm_head, float *logits, float *workspace, int64_t batch, int64_t n_layers,
+                       const void *lm_head, const float *lm_head_scales, float *logits, float *workspace, int64_t batch, int64_t n_layers,
                        int64_t d_model, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t ffn,
                        int64_t vocab, int64_t rotary_dim, int64_t interleaved, int64_t num_blocks,
                        int64_t block_size, int64_t blocks_per_row, float eps) {
@@ -104,10 +107,10 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
 #pragma omp parallel num_threads(kernel_thread_count)
     {
         for (int64_t l = 0; l < n_layers; l++) {
-            const float *const *w = layers + l * LAYER_TENSORS;
+            const void *const *w = layers + l * LAYER_TENSORS;
 #pragma omp single
-            rms_norm_rows(hidden, w[0], normed, batch, d_model, eps);
-            packed_linear_shared(normed, d_model, w[1], w[2], qkv, batch, d_model, qkv_width);
+            rms_norm_rows(hidden, w[ATTN_NORM], normed, batch, d_model, eps);
+            packed_linear_shared(normed, d_model, w[QKV], w[QKV_SCALES], w[QKV_BIAS], qkv, batch, d_model, qkv_width);
 #pragma omp single
             if (rope_cos) {
                 for (int64_t b = 0; b < batch; b++) {
@@ -121,20 +124,22 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
                                    key_pages[l], value_pages[l], window_blocks, positions, bias, attended, scores,
                                    qkv_width, qkv_width, qkv_width, batch, heads, kv_heads, head_dim, num_blocks,
                                    block_size, blocks_per_row, scale);
-            packed_linear_shared(attended, attended_width, w[3], NULL, projected, batch, attended_width, d_model);
+            packed_linear_shared(attended, attended_width, w[O_PROJ], w[O_SCALES], NULL, projected, batch,
+                                 attended_width, d_model);
 #pragma omp single
             {
                 add_rows(hidden, projected, batch * d_model);
-                rms_norm_rows(hidden, w[4], normed, batch, d_model, eps);
+                rms_norm_rows(hidden, w[MLP_NORM], normed, batch, d_model, eps);
             }
-            packed_linear_shared(normed, d_model, w[5], NULL, gate_up, batch, d_model, 2 * ffn);
+            packed_linear_shared(normed, d_model, w[GATE_UP], w[GATE_UP_SCALES], NULL, gate_up, batch, d_model,
+                                 2 * ffn);
             gated_activation(gate_up, activation, batch, ffn);
-            packed_linear_shared(activation, ffn, w[6], NULL, projected, batch, ffn, d_model);
+            packed_linear_shared(activation, ffn, w[DOWN], w[DOWN_SCALES], NULL, projected, batch, ffn, d_model);
 #pragma omp single
             add_rows(hidden, projected, batch * d_model);
         }
 #pragma omp single
         rms_norm_rows(hidden, final_norm, normed, batch, d_model, eps);
-        packed_linear_shared(normed, d_model, lm_head, NULL, logits, batch, d_model, vocab);
+        packed_linear_shared(normed, d_model, lm_head, lm_head_scales, NULL, logits, batch, d_model, vocab);
     }
 }

@@ -13,18 +13,19 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from service.model.config import ModelConfig
 from service.model.kernels.build import kernel_function, use_threads
+from service.model.kernels.packed_linear import Panels, check_panels
 from service.model.kernels.paged_attention import MAX_HEAD_DIM, check_rows
 
 _SOURCE = Path(__file__).with_name("batch_pass.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_PASS_ARGUMENTS = (_P,) * 13 + (_I,) * 13 + (ctypes.c_float,)
+_PASS_ARGUMENTS = (_P,) * 14 + (_I,) * 13 + (ctypes.c_float,)
 _WORKSPACE_ARGUMENTS = (_I,) * 7
 
 
@@ -44,34 +45,55 @@ def _workspace_floats() -> Any:
     return function
 
 
+class CLayer(NamedTuple):
+    """One layer's weights for the C step; matrices as `packed_linear.pack_weight` or `pack_int8`
+    laid them out (every matrix of a model in one format or mixed: each carries its own)."""
+
+    attn_norm: Tensor  # [D]
+    qkv: Panels  # N = (H + 2 Hkv) hd
+    qkv_bias: Tensor | None  # [N]
+    o_proj: Panels  # N = D
+    mlp_norm: Tensor  # [D]
+    gate_up: Panels  # N = 2 F
+    down: Panels  # N = D
+
+    def pointers(self) -> list[Tensor | None]:
+        """The layer's entry in the C step's table, in `batch_pass.c`'s order."""
+        qkv, o_proj, gate_up, down = self.qkv, self.o_proj, self.gate_up, self.down
+        return [self.attn_norm, *qkv, self.qkv_bias, *o_proj, self.mlp_norm, *gate_up, *down]
+
+
 class BatchPass:
-    """One model's step over its pool. `layers` holds each layer's attn_norm, qkv (packed),
-    qkv_bias or None, o_proj (packed), mlp_norm, gate_up (packed) and down (packed); the matrices
-    come from `packed_linear.pack_weight`."""
+    """One model's step over its pool."""
 
     def __init__(
         self,
         config: ModelConfig,
-        layers: Sequence[Sequence[Tensor | None]],
+        layers: Sequence[CLayer],
         final_norm: Tensor,
-        lm_head: Tensor,
+        lm_head: Panels,
         key_pages: Sequence[Tensor],
         value_pages: Sequence[Tensor],
     ) -> None:
-        tensors = [tensor for layer in layers for tensor in layer] + [final_norm, lm_head]
-        tensors += [*key_pages, *value_pages]
-        for tensor in tensors:
+        for index, layer in enumerate(layers):
+            for name in ("qkv", "o_proj", "gate_up", "down"):
+                check_panels(getattr(layer, name), f"layers[{index}].{name}")
+        check_panels(lm_head, "lm_head")
+        floats = [tensor for layer in layers for tensor in (layer.attn_norm, layer.qkv_bias, layer.mlp_norm)]
+        floats += [final_norm, *key_pages, *value_pages]
+        for tensor in floats:
             if tensor is not None and (tensor.dtype != torch.float32 or not tensor.is_contiguous()):
-                raise ValueError("the step's weights and pages must be contiguous float32 tensors")
+                raise ValueError("the step's norms, biases and pages must be contiguous float32 tensors")
         if config.head_dim > MAX_HEAD_DIM or config.rotary_dim > config.head_dim:
             raise ValueError(
                 f"heads of {config.head_dim} (at most {MAX_HEAD_DIM}) rotating {config.rotary_dim}"
             )
         self.config = config
-        self._tensors = tensors  # the pointers below point into these: keep them alive
-        self._layers = _pointers([tensor for layer in layers for tensor in layer])
+        # The pointers below point into these: keep them alive.
+        self._tensors = (layers, final_norm, lm_head, key_pages, value_pages)
+        self._layers = _pointers([tensor for layer in layers for tensor in layer.pointers()])
         self._key_pages, self._value_pages = _pointers(key_pages), _pointers(value_pages)
-        self._final_norm, self._lm_head = final_norm.data_ptr(), lm_head.data_ptr()
+        self._final_norm, self._lm_head = final_norm.data_ptr(), _pointers(list(lm_head))
         self._n_layers = len(layers)
         self._num_blocks, self._block_size = key_pages[0].shape[1], key_pages[0].shape[2]
 
@@ -123,7 +145,8 @@ class BatchPass:
             window_blocks.data_ptr(),
             positions.data_ptr(),
             self._final_norm,
-            self._lm_head,
+            self._lm_head[0],
+            self._lm_head[1],
             out.data_ptr(),
             workspace.data_ptr(),
             batch,

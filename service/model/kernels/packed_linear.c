@@ -8,6 +8,12 @@
  * is read once, front to back, and stays in L1 while every tile of up to 8 rows consumes it; each
  * tile keeps its 8 x 32 sums in registers and broadcasts one input at a time.
  *
+ * Panels hold float32 weights, or int8 codes (`--weights int8`) with one float32 scale per output
+ * column and group of `GROUP` inputs, [ceil(N / 32), ceil(K / GROUP), 32] (GGUF's Q8_0 block):
+ * W[n, k] = code * scale. A decode pass reads every weight once per step, so it is bound by the
+ * bytes it reads; codes are a quarter of them. Each panel row is widened and scaled once and then
+ * serves every row of the tile, so the products' arithmetic is the float kernel's.
+ *
  * Layouts (float32): x rows `x_row_stride` floats apart, contiguous within a row; out [M, N]
  * contiguous; bias [N] or NULL.
  *
@@ -24,34 +30,56 @@
 
 #define PANEL 32
 #define TILE_ROWS 8
+#define GROUP 32 /* inputs sharing one int8 scale */
 
-/* `rows` (1..8) rows times one panel; a constant `rows` after inlining, so the sums stay in
- * registers. `bias` holds the panel's 32 entries (zeros where there is none). */
+/* One panel row times `rows` inputs (column k of x), into the sums. */
+static inline __attribute__((always_inline)) void accumulate(const float *restrict x, int64_t x_row_stride, int64_t k,
+                                                             vec16 w_low, vec16 w_high, int rows,
+                                                             vec16 sums[TILE_ROWS][2]) {
+    for (int r = 0; r < rows; r++) {
+        vec16 a = splat16(x[r * x_row_stride + k]);
+        sums[r][0] += a * w_low;
+        sums[r][1] += a * w_high;
+    }
+}
+
+/* `rows` (1..8) rows times one panel; a constant `rows` and `quantized` after inlining, so the
+ * sums stay in registers. `bias` holds the panel's 32 entries (zeros where there is none);
+ * `scales` the panel's [groups, 32] scales when `quantized`. */
 static inline __attribute__((always_inline)) void tile(const float *restrict x, int64_t x_row_stride,
-                                                       const float *restrict panel, int64_t k_size,
-                                                       const float *restrict bias, int rows,
-                                                       vec16 sums[TILE_ROWS][2]) {
+                                                       const void *restrict panel, const float *restrict scales,
+                                                       int64_t k_size, const float *restrict bias, int rows,
+                                                       int quantized, vec16 sums[TILE_ROWS][2]) {
     vec16 low = load16(bias), high = load16(bias + 16);
     for (int r = 0; r < rows; r++) {
         sums[r][0] = low;
         sums[r][1] = high;
     }
-    for (int64_t k = 0; k < k_size; k++) {
-        vec16 w_low = load16(panel + k * PANEL), w_high = load16(panel + k * PANEL + 16);
-        for (int r = 0; r < rows; r++) {
-            vec16 a = splat16(x[r * x_row_stride + k]);
-            sums[r][0] += a * w_low;
-            sums[r][1] += a * w_high;
+    if (!quantized) {
+        const float *weights = panel;
+        for (int64_t k = 0; k < k_size; k++)
+            accumulate(x, x_row_stride, k, load16(weights + k * PANEL), load16(weights + k * PANEL + 16), rows, sums);
+        return;
+    }
+    const signed char *codes = panel;
+    for (int64_t start = 0; start < k_size; start += GROUP) {
+        const float *group_scales = scales + (start / GROUP) * PANEL;
+        vec16 scale_low = load16(group_scales), scale_high = load16(group_scales + 16);
+        int64_t end = start + GROUP < k_size ? start + GROUP : k_size;
+        for (int64_t k = start; k < end; k++) {
+            vec16 w_low = load16_int8(codes + k * PANEL) * scale_low;
+            vec16 w_high = load16_int8(codes + k * PANEL + 16) * scale_high;
+            accumulate(x, x_row_stride, k, w_low, w_high, rows, sums);
         }
     }
 }
 
-static inline __attribute__((always_inline)) void tile_rows(const float *x, int64_t x_row_stride,
-                                                            const float *panel, int64_t k_size,
-                                                            const float *bias, int rows, float *out,
+static inline __attribute__((always_inline)) void tile_rows(const float *x, int64_t x_row_stride, const void *panel,
+                                                            const float *scales, int64_t k_size,
+                                                            const float *bias, int rows, int quantized, float *out,
                                                             int64_t n_size, int64_t columns) {
     vec16 sums[TILE_ROWS][2];
-    tile(x, x_row_stride, panel, k_size, bias, rows, sums);
+    tile(x, x_row_stride, panel, scales, k_size, bias, rows, quantized, sums);
     for (int r = 0; r < rows; r++) {
         if (columns == PANEL) {
             store16(out + r * n_size, sums[r][0]);
@@ -65,40 +93,51 @@ static inline __attribute__((always_inline)) void tile_rows(const float *x, int6
     }
 }
 
+/* One panel for all M rows: whole tiles of 8, then the rest. */
+static inline __attribute__((always_inline)) void panel_rows(const float *x, int64_t x_row_stride, const void *panel,
+                                                             const float *scales, const float *bias,
+                                                             int quantized, float *out, int64_t m_size,
+                                                             int64_t k_size, int64_t n_size, int64_t columns) {
+    int64_t m = 0;
+    for (; m + TILE_ROWS <= m_size; m += TILE_ROWS)
+        tile_rows(x + m * x_row_stride, x_row_stride, panel, scales, k_size, bias, TILE_ROWS, quantized,
+                  out + m * n_size, n_size, columns);
+    const float *rest_x = x + m * x_row_stride;
+    float *rest_out = out + m * n_size;
+#define REST(ROWS)                                                                                                  \
+    case ROWS:                                                                                                      \
+        tile_rows(rest_x, x_row_stride, panel, scales, k_size, bias, ROWS, quantized, rest_out, n_size, columns); \
+        break
+    switch (m_size - m) { /* one case per count so that each inlines with a constant row count */
+        REST(1); REST(2); REST(3); REST(4); REST(5); REST(6); REST(7);
+        default: break;
+    }
+#undef REST
+}
+
 /* Every thread of the running team calls this; each computes its share of the panels, and all
- * wait at the end for the whole product. */
-static void packed_linear_shared(const float *x, int64_t x_row_stride, const float *packed, const float *bias,
-                                 float *out, int64_t m_size, int64_t k_size, int64_t n_size) {
-    int64_t panels = (n_size + PANEL - 1) / PANEL;
+ * wait at the end for the whole product. `scales` is NULL for float32 panels. */
+static void packed_linear_shared(const float *x, int64_t x_row_stride, const void *packed, const float *scales,
+                                 const float *bias, float *out, int64_t m_size, int64_t k_size, int64_t n_size) {
+    int64_t panels = (n_size + PANEL - 1) / PANEL, groups = (k_size + GROUP - 1) / GROUP;
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < panels; p++) {
         float panel_bias[PANEL];
         int64_t n = p * PANEL;
-        const float *panel = packed + n * k_size;
         int64_t columns = n_size - n < PANEL ? n_size - n : PANEL;
         memset(panel_bias, 0, sizeof panel_bias);
         if (bias) memcpy(panel_bias, bias + n, (size_t)columns * sizeof(float));
-        int64_t m = 0;
-        for (; m + TILE_ROWS <= m_size; m += TILE_ROWS)
-            tile_rows(x + m * x_row_stride, x_row_stride, panel, k_size, panel_bias, TILE_ROWS, out + m * n_size + n,
-                      n_size, columns);
-        const float *rest_x = x + m * x_row_stride;
-        float *rest_out = out + m * n_size + n;
-        switch (m_size - m) { /* one case per count so that each inlines with a constant row count */
-            case 1: tile_rows(rest_x, x_row_stride, panel, k_size, panel_bias, 1, rest_out, n_size, columns); break;
-            case 2: tile_rows(rest_x, x_row_stride, panel, k_size, panel_bias, 2, rest_out, n_size, columns); break;
-            case 3: tile_rows(rest_x, x_row_stride, panel, k_size, panel_bias, 3, rest_out, n_size, columns); break;
-            case 4: tile_rows(rest_x, x_row_stride, panel, k_size, panel_bias, 4, rest_out, n_size, columns); break;
-            case 5: tile_rows(rest_x, x_row_stride, panel, k_size, panel_bias, 5, rest_out, n_size, columns); break;
-            case 6: tile_rows(rest_x, x_row_stride, panel, k_size, panel_bias, 6, rest_out, n_size, columns); break;
-            case 7: tile_rows(rest_x, x_row_stride, panel, k_size, panel_bias, 7, rest_out, n_size, columns); break;
-            default: break;
-        }
+        if (scales)
+            panel_rows(x, x_row_stride, (const signed char *)packed + n * k_size, scales + p * groups * PANEL,
+                       panel_bias, 1, out + n, m_size, k_size, n_size, columns);
+        else
+            panel_rows(x, x_row_stride, (const float *)packed + n * k_size, NULL, panel_bias, 0, out + n, m_size,
+                       k_size, n_size, columns);
     }
 }
 
-void packed_linear(const float *x, int64_t x_row_stride, const float *packed, const float *bias, float *out,
-                   int64_t m_size, int64_t k_size, int64_t n_size) {
+void packed_linear(const float *x, int64_t x_row_stride, const void *packed, const float *scales, const float *bias,
+                   float *out, int64_t m_size, int64_t k_size, int64_t n_size) {
 #pragma omp parallel num_threads(kernel_thread_count)
-    packed_linear_shared(x, x_row_stride, packed, bias, out, m_size, k_size, n_size);
+    packed_linear_shared(x, x_row_stride, packed, scales, bias, out, m_size, k_size, n_size);
 }

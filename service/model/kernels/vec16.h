@@ -19,4 +19,13 @@ static inline void store16(float *p, vec16 v) { memcpy(p, &v, sizeof v); }
 
 static inline vec16 splat16(float x) { return (vec16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 
+typedef signed char vec16_int8 __attribute__((vector_size(16)));
+
+/* Sixteen int8 codes widened to floats (a sign extension and a conversion on x86). */
+static inline vec16 load16_int8(const signed char *p) {
+    vec16_int8 v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, vec16);
+}
+
 #endif
