@@ -31,6 +31,7 @@ from service.api.routes import (
     tokenizer,
 )
 from service.requests.metrics import ServiceMetrics
+from service.requests.once import RunOnce
 from service.requests.running import RunningRequests
 from service.requests.state import ServiceState
 from service.settings import Settings
@@ -63,6 +64,7 @@ def create_app(
     app.state.service = state
     app.state.metrics = service_metrics
     app.state.running = running
+    app.state.run_once = RunOnce()
     install_error_handlers(app)
     modules = (
         generate,

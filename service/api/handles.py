@@ -18,6 +18,7 @@ from starlette.types import Receive
 from service.engine.types import EngineEvent, GenerationResult, RequestHandle, ScoreResult
 
 ResultT = TypeVar("ResultT", GenerationResult, ScoreResult)
+T = TypeVar("T")
 
 
 class ClientDisconnectedError(Exception):
@@ -29,14 +30,13 @@ async def wait_for_disconnect(receive: Receive) -> None:
         continue
 
 
-async def final_result(
+async def result_of(
     handle: RequestHandle,
     result_type: type[ResultT],
-    receive: Receive,
     on_event: Callable[[EngineEvent], None] = lambda _: None,
 ) -> ResultT:
-    """The handle's final result; ClientDisconnectedError (request cancelled) if the client leaves first."""
-    (result,) = await final_results([handle], receive, on_event)
+    """The handle's final result; the handle is cancelled if this is."""
+    (result,) = await results_of([handle], on_event)
     if not isinstance(result, result_type):
         raise RuntimeError(f"request {handle.request_id} ended without a {result_type.__name__}")
     return result
@@ -49,6 +49,13 @@ async def final_results(
 ) -> list[GenerationResult | ScoreResult]:
     """Every handle's final result, in order. If the client leaves first, or one handle fails, the
     others are cancelled; then ClientDisconnectedError, or the failure, is raised."""
+    return await until_disconnected(asyncio.ensure_future(results_of(handles, on_event)), receive)
+
+
+async def results_of(
+    handles: Sequence[RequestHandle], on_event: Callable[[EngineEvent], None] = lambda _: None
+) -> list[GenerationResult | ScoreResult]:
+    """Every handle's final result, in order; a failure or a cancellation cancels every handle."""
 
     async def consume(handle: RequestHandle) -> GenerationResult | ScoreResult:
         async for event in handle:
@@ -58,23 +65,35 @@ async def final_results(
         raise RuntimeError(f"request {handle.request_id} ended without a result")
 
     consumers = [asyncio.ensure_future(consume(handle)) for handle in handles]
-    everything = asyncio.gather(*consumers)
-    watcher = asyncio.ensure_future(wait_for_disconnect(receive))
     finished = False
     try:
-        waiting: set[asyncio.Future[Any]] = {everything, watcher}
-        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        if not everything.done():
-            raise ClientDisconnectedError(", ".join(handle.request_id for handle in handles))
-        results = everything.result()  # raises the first failure
+        results = list(await asyncio.gather(*consumers))  # raises the first failure
         finished = True
         return results
     finally:
         if not finished:
             for handle in handles:
                 handle.cancel()
-        for task in (*consumers, watcher):
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await _cancelled(consumers)
+
+
+async def until_disconnected(work: asyncio.Future[T], receive: Receive) -> T:
+    """`work`'s result, unless the client disconnects first: then `work` is cancelled (pass it
+    through `asyncio.shield` to keep it running) and ClientDisconnectedError is raised."""
+    watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+    try:
+        waiting: set[asyncio.Future[Any]] = {work, watcher}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            raise ClientDisconnectedError("the client disconnected")
+        return work.result()
+    finally:
+        await _cancelled([work, watcher])
+
+
+async def _cancelled(tasks: Sequence[asyncio.Future[Any]]) -> None:
+    for task in tasks:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

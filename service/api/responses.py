@@ -13,4 +13,9 @@ def json_response(body: BaseModel, *, omit: set[str] | None = None) -> Response:
     Returned as a model, FastAPI would validate it again field by field before serializing it,
     which costs more than the rest of answering a request (for a 4,000-token `/score`, far more).
     """
-    return Response(body.model_dump_json(exclude=omit), media_type="application/json")
+    return Response(json_body(body, omit=omit), media_type="application/json")
+
+
+def json_body(body: BaseModel, *, omit: set[str] | None = None) -> bytes:
+    """The bytes of `json_response`, for answers kept to be sent again (`service.api.once`)."""
+    return body.model_dump_json(exclude=omit).encode()

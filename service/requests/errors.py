@@ -79,9 +79,15 @@ _ENGINE_KINDS: Sequence[tuple[type[EngineError], ErrorKind]] = (
 )
 
 
+# Not ready, draining or the engine restarting: worth retrying a second later.
+UNAVAILABLE_RETRY_AFTER_S = 1
+
+
 def unavailable(reason: str) -> RequestError:
-    """Not ready, draining or the engine lost: worth retrying a second later."""
-    return RequestError(ErrorKind.UNAVAILABLE, f"Service unavailable: {reason}.", retry_after_s=1)
+    """Not ready, draining or the engine lost: the client should come back later."""
+    return RequestError(
+        ErrorKind.UNAVAILABLE, f"Service unavailable: {reason}.", retry_after_s=UNAVAILABLE_RETRY_AFTER_S
+    )
 
 
 def internal_error(request_id: str) -> RequestError:
@@ -93,7 +99,13 @@ def internal_error(request_id: str) -> RequestError:
 def from_engine_error(error: EngineError) -> RequestError:
     """The engine's failure by its class; an engine failure of no known class is our fault."""
     kind = next((kind for cls, kind in _ENGINE_KINDS if isinstance(error, cls)), ErrorKind.INTERNAL)
-    retry_after = max(1, math.ceil(error.retry_after_s)) if isinstance(error, QueueFullError) else None
+    retry_after = None
+    if isinstance(error, QueueFullError):
+        retry_after = max(1, math.ceil(error.retry_after_s))
+    elif isinstance(error, EngineUnavailableError):
+        # Draining, or the engine process died and is restarting: another replica, or this one
+        # a moment later, will take it.
+        retry_after = UNAVAILABLE_RETRY_AFTER_S
     return RequestError(
         kind, error.message, param=error.param, error_type=error.error_type, retry_after_s=retry_after
     )

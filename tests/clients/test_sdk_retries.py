@@ -178,3 +178,30 @@ def test_stream_open_is_retried_before_any_event() -> None:
         events = list(stream)
     assert [type(event).__name__ for event in events] == ["StreamToken", "StreamEnd"]
     assert len(script.sleeps) == 1
+
+
+def test_every_attempt_of_a_call_carries_the_same_request_id() -> None:
+    connect_error = httpx.ConnectError("refused")
+    script = Script(connect_error, error_response(503), httpx.Response(200, json=GENERATION))
+    sync_client(script).generate(prompt="hi")
+    ids = {request.headers["x-request-id"] for request in script.requests}
+    assert len(script.requests) == 3 and len(ids) == 1
+
+
+def test_each_call_has_its_own_request_id() -> None:
+    script = Script(*(httpx.Response(200, json=GENERATION) for _ in range(2)))
+    client = sync_client(script)
+    client.generate(prompt="hi")
+    client.generate(prompt="hi")
+    first, second = (request.headers["x-request-id"] for request in script.requests)
+    assert first != second
+
+
+def test_a_retried_stream_open_keeps_its_request_id_and_so_does_the_async_client() -> None:
+    script = Script(error_response(502), sse(token_event(104), json.dumps(STREAM_END), "[DONE]"))
+    with sync_client(script).generate_stream(prompt="x") as stream:
+        list(stream)
+    assert len({request.headers["x-request-id"] for request in script.requests}) == 1
+    script = Script(httpx.ReadError("reset"), httpx.Response(200, json=GENERATION))
+    run_async(script, lambda client: client.generate(prompt="hi"))
+    assert len({request.headers["x-request-id"] for request in script.requests}) == 1

@@ -10,6 +10,7 @@ import email.utils
 import os
 import random
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -31,6 +32,7 @@ DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 DEFAULT_MAX_RETRIES = 2
 RETRYABLE_STATUSES = frozenset({408, 429, 502, 503, 504})
+REQUEST_ID_HEADER = "x-request-id"
 
 RequestT = TypeVar("RequestT", bound=BaseModel)
 
@@ -133,7 +135,9 @@ class BaseClient:
         self.retry_policy = RetryPolicy(max_retries=max_retries)
 
     def _headers(self) -> dict[str, str]:
-        headers = {"user-agent": f"pe-client/{__version__}"}
+        """A fresh `X-Request-ID` per call: its retries resend the same request, so the server
+        runs it once however many attempts reach it."""
+        headers = {"user-agent": f"pe-client/{__version__}", REQUEST_ID_HEADER: uuid.uuid4().hex}
         if self.api_key:
             headers["authorization"] = f"Bearer {self.api_key}"
         return headers

@@ -8,10 +8,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Request, Response
 
 from service.api.deps import EngineDep, FirstTokenDep, RequestIdDep, SubmissionDep, require_json
-from service.api.errors import CLIENT_CLOSED_REQUEST
-from service.api.handles import ClientDisconnectedError, final_result
+from service.api.handles import result_of
+from service.api.once import answer_once
 from service.api.openapi import INFERENCE_ERRORS, STREAM_EVENT_SCHEMA, scaling_examples
-from service.api.responses import json_response
+from service.api.responses import json_body
 from service.api.streaming import EventStreamResponse, generation_events
 from service.engine.types import GenerationResult
 from service.requests.bodies import GenerateRequest
@@ -63,9 +63,9 @@ async def generate(
     prepared = prepare_input(engine, body, new_tokens=body.max_new_tokens)
     response_id = f"gen-{uuid.uuid4().hex}"
     job = generate_job(response_id, body, prepared, stream=body.stream)
-    handle = submission.submit(engine, job)
     text = token_text(engine, job.model)
     if body.stream:
+        handle = submission.submit(engine, job)
         events = generation_events(
             handle,
             response_id=response_id,
@@ -75,8 +75,9 @@ async def generate(
             text=text,
         )
         return EventStreamResponse(events, on_abort=handle.cancel)
-    try:
-        result = await final_result(handle, GenerationResult, request.receive, first_token)
-    except ClientDisconnectedError:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return json_response(generate_response(response_id, job.model, result, text))
+
+    async def answer() -> bytes:
+        result = await result_of(submission.submit(engine, job), GenerationResult, first_token)
+        return json_body(generate_response(response_id, job.model, result, text))
+
+    return await answer_once(request, body, answer)

@@ -8,10 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Depends, Request, Response
 
 from service.api.deps import EngineDep, SubmissionDep, require_json
-from service.api.errors import CLIENT_CLOSED_REQUEST
-from service.api.handles import ClientDisconnectedError, final_result
+from service.api.handles import result_of
+from service.api.once import answer_once
 from service.api.openapi import INFERENCE_ERRORS, scaling_examples
-from service.api.responses import json_response
+from service.api.responses import json_body
 from service.engine.types import ScoreResult
 from service.requests.bodies import ScoreRequest
 from service.requests.build import score_job
@@ -33,10 +33,10 @@ async def score(
 ) -> Response:
     """Score `prompt` (tokenized as for generation) or `tokens` (as given, no BOS added)."""
     job = score_job(f"score-{uuid.uuid4().hex}", body, prepare_scored(engine, body))
-    handle = submission.submit(engine, job)
-    try:
-        result = await final_result(handle, ScoreResult, request.receive)
-    except ClientDisconnectedError:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    scored = score_response(job.model, result, token_text(engine, job.model))
-    return json_response(scored, omit={"top_logprobs"} if scored.top_logprobs is None else None)
+
+    async def answer() -> bytes:
+        result = await result_of(submission.submit(engine, job), ScoreResult)
+        scored = score_response(job.model, result, token_text(engine, job.model))
+        return json_body(scored, omit={"top_logprobs"} if scored.top_logprobs is None else None)
+
+    return await answer_once(request, body, answer)
