@@ -52,9 +52,11 @@ SAMPLING = {"max_new_tokens": 24, "temperature": 0.8, "seed": 7}
 # Past the zoo's native context of 256 tokens, so the scalings differ where the plot is read.
 SCORED_CHARS = 700
 PAGE_TIMEOUT_MS = 180_000
-# The sweep: lengths on both sides of the native 256, a grid that expands `factor=2|4`.
+# The sweep: lengths on both sides of the native 256 (the reference, no scaling at 256, is then one
+# more cell), a grid that expands `factor=2|4`.
+NATIVE = 256
 SWEEP_TEXT_CHARS = 600
-SWEEP_LENGTHS = [128, 256, 384, 512]
+SWEEP_LENGTHS = [128, 384, 512]
 SWEEP_GRID = "none\nlinear:factor=2\nyarn:factor=2|4"
 SWEEP_SCALINGS: list[dict[str, Any]] = [
     {"type": "none"},
@@ -302,9 +304,9 @@ def test_sweep_cells_equal_score_alone_and_draw(
     with traffic(page) as seen:
         start_sweep(page, text, ", ".join(map(str, SWEEP_LENGTHS)), SWEEP_GRID)
         assert finish(page, "sweep-section") == "done", page.text_content("#sweep-message")
-    # One tokenization, then one /score per cell: none at 256 is in the grid, so no extra reference.
+    # One tokenization, then one /score per cell and one for the reference.
     assert seen.sent.count(server.url("/tokenize")) == 1
-    assert seen.sent.count(server.url("/score")) == len(SWEEP_LENGTHS) * len(SWEEP_SCALINGS)
+    assert seen.sent.count(server.url("/score")) == len(SWEEP_LENGTHS) * len(SWEEP_SCALINGS) + 1
     rendered = page.evaluate(
         """() => [...document.querySelectorAll("#sweep-table tbody tr")].map((row) => [
              JSON.parse(row.dataset.scaling),
@@ -327,15 +329,17 @@ def test_sweep_cells_equal_score_alone_and_draw(
             # The page's cells ran in batches, the SDK's alone: float32 sums differ by ~1e-5.
             assert bits == pytest.approx(expected, abs=1e-4)
             assert shown == f"{bits:.3f}"
-            expected_tail = sweep_bits(scored.token_logprobs, 256, length)
+            expected_tail = sweep_bits(scored.token_logprobs, NATIVE, length)
             if expected_tail is None:
                 assert tail == "null"
             else:
                 assert float(tail) == pytest.approx(expected_tail, abs=1e-4)
     # The break rule the page states, applied to the SDK's figures: the first L >= 256 above the limit.
-    limit = alone[0, 256] + SWEEP_THRESHOLD
+    reference = sdk.score(tokens=tokens[:NATIVE], model="zoo-rope", pe_scaling={"type": "none"})
+    limit = sweep_bits(reference.token_logprobs, 1, NATIVE) + SWEEP_THRESHOLD  # type: ignore[operator]
+    assert f"the limit is {limit:.3f}" in (page.text_content("#sweep-reference") or "")
     for index, (_, _, verdict) in enumerate(rendered):
-        broken = [length for length in SWEEP_LENGTHS if length >= 256 and alone[index, length] > limit]
+        broken = [length for length in SWEEP_LENGTHS if length >= NATIVE and alone[index, length] > limit]
         assert verdict == (f"breaks at {broken[0]}" if broken else "holds at every length judged")
     curves = page.evaluate(
         """() => window.playground.chart("sweep-curves").data.datasets
@@ -353,6 +357,9 @@ def test_sweep_cells_equal_score_alone_and_draw(
         ("128, 256", "none\nrope2:factor=2", 'unknown scaling type "rope2"'),
         ("128, 256", "yarn:factor=2|0", "factor must be ≥ 1, got 0"),
         ("128, 2048", "none", "Length 2048 is above the model's max_context (1024 tokens)"),
+        ("128, x", "none", 'Length "x" must be a whole number of tokens ≥ 2'),
+        ("128", "ntk", "ntk needs a factor"),
+        ("128", "yarn:factor=2,beta=3", '"beta" is not a parameter of yarn'),
     ],
 )
 def test_a_bad_sweep_grid_is_refused_before_any_request(
@@ -363,6 +370,15 @@ def test_a_bad_sweep_grid_is_refused_before_any_request(
         assert finish(page, "sweep-section") == "error"
     assert message in (page.text_content("#sweep-message") or "")
     assert seen.sent == []
+
+
+def test_a_sweep_longer_than_its_text_is_refused_before_scoring(page: Page, server: LiveServer) -> None:
+    with traffic(page) as seen:
+        start_sweep(page, "a short text", "128", "none")
+        assert finish(page, "sweep-section") == "error"
+    assert seen.sent == [server.url("/tokenize")]
+    message = page.text_content("#sweep-message") or ""
+    assert "The text is 13 tokens long, shorter than the longest length asked (128)" in message
 
 
 def test_cancel_aborts_the_sweep_s_requests(page: Page, server: LiveServer, problems: PageProblems) -> None:
@@ -398,4 +414,6 @@ def test_settings_and_key_survive_a_reload(page: Page) -> None:
     page.wait_for_selector("#model option[value='zoo-rope']", state="attached")
     assert page.input_value("#inspect-scaling") == "yarn"
     assert page.is_checked("#use-yarn") and not page.is_checked("#use-ntk")
+    assert page.input_value("#sweep-lengths") == "256, 512, 768, 1024"  # the cancelled sweep's
+    assert page.input_value("#sweep-grid").startswith("none\nlinear:factor=2|4|8\n")
     assert page.evaluate("() => sessionStorage.getItem('pe-serve-api-key')") == API_KEY

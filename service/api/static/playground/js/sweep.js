@@ -27,19 +27,32 @@ function cellOf(length, scaling, score, native) {
 
 const isUnscaled = (scaling) => scaling.type === "none";
 
+const CHARS_PER_TOKEN_GUESS = 8;
+
+// The text's first `count` tokens as the server tokenizes a prompt (BOS first). Only a prefix of
+// the text is sent, doubled until it yields a token more than needed (so the last one kept is not
+// cut mid-word), so a pasted book never meets the server's body limit.
+async function leadingTokens(model, text, count, signal) {
+  for (let chars = count * CHARS_PER_TOKEN_GUESS; ; chars *= 2) {
+    const { tokens } = await postJSON("/tokenize", { model: model.name, prompt: text.slice(0, chars) }, signal);
+    if (tokens.length > count || chars >= text.length) return tokens.slice(0, count);
+  }
+}
+
 // `model`: the /models card; `lengths` sorted; `scalings`: pe_scaling bodies; `onCell(done, total)`
-// reports progress. The reference (no scaling over the first min(native, text) tokens) is scored
-// as one more cell when the grid does not hold it. Rejects with an AbortError once `signal` fires.
+// reports progress. The reference (no scaling over the first min(native, max_context, text)
+// tokens) is scored as one more cell when the grid does not hold it. Rejects with an AbortError
+// once `signal` fires.
 export async function runSweep({ model, text, lengths, scalings, signal, onCell }) {
   if (text === "") throw new GridError("Paste a text to sweep, or load the sample.");
-  const { tokens } = await postJSON("/tokenize", { model: model.name, prompt: text }, signal);
   const longest = lengths.at(-1);
+  const native = model.native_context;
+  const tokens = await leadingTokens(model, text, Math.max(longest, Math.min(native, model.max_context)), signal);
   if (tokens.length < longest) {
     throw new GridError(
       `The text is ${tokens.length} tokens long, shorter than the longest length asked (${longest}): ` +
       "paste a longer text or drop the longer lengths.");
   }
-  const native = model.native_context;
   const referenceLength = Math.min(native, tokens.length);
   const jobs = lengths.flatMap((length) => scalings.map((scaling) => ({ length, scaling })));
   const inGrid = jobs.find((job) => job.length === referenceLength && isUnscaled(job.scaling));
@@ -54,7 +67,7 @@ export async function runSweep({ model, text, lengths, scalings, signal, onCell 
     return cellOf(job.length, job.scaling, score, native);
   }));
   const reference = cells[all.indexOf(referenceJob)];
-  return { model: model.name, native, textTokens: tokens.length, lengths, scalings, cells: cells.slice(0, jobs.length), reference };
+  return { model: model.name, native, lengths, scalings, cells: cells.slice(0, jobs.length), reference };
 }
 
 // Where each scaling breaks: the first swept length L ≥ the reference's whose bits per token exceed
