@@ -15,6 +15,10 @@ Lifecycle, mapped onto Serve:
   is wrapped to wait until the models are loaded and warm, so a replica takes traffic only when
   `/readyz` would be 200, and a failed load fails the replica's start (Serve retries it).
 - health: `check_health` raises once the engine is dead or lost; Serve then replaces the replica.
+  It is asked every `HEALTH_CHECK_PERIOD_S`.
+- a replica that dies under requests: Serve routes requests not yet assigned to the live replicas
+  by itself; for those the dead one held, its proxy answers 502 (or ends a stream with a typed
+  error event) through `deploy/ray/proxy.py`, and the SDK retries under the same request id.
 - stop: Serve stops routing to the replica, waits for its ongoing requests up to
   `graceful_shutdown_timeout_s` (the service's `drain_timeout_s`), then the lifespan's exit drains
   the engine (nothing is left by then unless the timeout ran out) and shuts it down.
@@ -47,6 +51,8 @@ from service.settings import Settings
 # The header naming the replica that answered: routing is visible from outside.
 REPLICA_HEADER = "X-PE-Serve-Replica"
 _READY_POLL_S = 0.2
+HEALTH_CHECK_PERIOD_S = 2.0
+HEALTH_CHECK_TIMEOUT_S = 10.0
 
 
 class ReplicaOptions(BaseModel):
@@ -93,6 +99,10 @@ class ReplicaOptions(BaseModel):
             # instead of the replica answering 429.
             "max_ongoing_requests": settings.max_batch_size + max(settings.max_queue, 1),
             "graceful_shutdown_timeout_s": settings.drain_timeout_s,
+            # `check_health` is cheap (the engine's own flag): ask often, so that a replica whose
+            # engine died leaves the routing table within seconds rather than Serve's default 10-30.
+            "health_check_period_s": HEALTH_CHECK_PERIOD_S,
+            "health_check_timeout_s": HEALTH_CHECK_TIMEOUT_S,
         }
 
 

@@ -1,9 +1,10 @@
 """deploy/ray live: a local Ray instance on 127.0.0.1 runs the Serve app with 2 replicas.
 
 Checks that mixed `pe` / `pe_scaling` traffic spreads over both replicas and answers exactly what a
-single pe-serve gives for the same seeds; that killing one replica's actor mid-run costs only the
-requests it held, Serve starts a new replica and later requests succeed; and that everything
-stops cleanly. Wall time and peak memory (the test process and all its descendants, Ray's
+single pe-serve gives for the same seeds; that killing one replica's actor mid-run loses no
+request that had not started streaming (the SDK retries what the proxy answers 502) and ends the
+streams it cut with a typed error, Serve starts a new replica and later requests succeed; and
+that everything stops cleanly. Wall time and peak memory (the test process and all its descendants, Ray's
 included) are printed at the end of the module.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import ipaddress
 import os
 import shutil
@@ -27,11 +29,14 @@ import httpx
 import pytest
 import ray
 import yaml
+from pe_client import APIError, APIStreamError, AsyncPEClient
 from ray import serve
 from ray._private import ray_constants
 from ray.serve.schema import ServeDeploySchema
 
 from deploy.ray.app import REPLICA_HEADER, ReplicaOptions, build_app, replica_settings
+from deploy.ray.proxy import CALLBACK_ENV, CALLBACK_PATH
+from deploy.ray.proxy import ERROR_TYPE as PROXY_ERROR_TYPE
 from service.model.config import SCHEMES
 from tests.deploy import netns
 from tests.live_server import OptionValue, free_port, live_server
@@ -218,6 +223,8 @@ def ray_app(tiny_checkpoints: dict[str, Path], pytestconfig: pytest.Config) -> I
         patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
         patch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        # Serve's proxy answers a replica's death with a 502 to retry or a typed end of stream.
+        patch.setenv(CALLBACK_ENV, CALLBACK_PATH)
         ray.init(
             address="local",
             num_cpus=REPLICAS,
@@ -347,13 +354,57 @@ def test_mixed_traffic_spreads_over_both_replicas_and_equals_a_single_server(
     )
 
 
-def test_a_killed_replica_is_replaced_and_only_its_requests_are_lost(
+class Fate(enum.Enum):
+    """How one request of the replica-kill run ended, as the SDK's caller sees it."""
+
+    ANSWERED = "answered"
+    CUT_WITH_TYPED_ERROR = "stream cut, typed error event"
+    LOST = "lost"
+
+
+def sdk_outcomes(
+    base_url: str, bodies: list[dict[str, Any]], streamed: set[int], concurrency: int
+) -> list[Fate]:
+    """Each body sent through the SDK (its default retries), the ones in `streamed` as streams."""
+
+    async def run() -> list[Fate]:
+        gate = asyncio.Semaphore(concurrency)
+        async with AsyncPEClient(base_url, timeout=120.0) as client:
+
+            async def one(index: int) -> Fate:
+                async with gate:
+                    try:
+                        if index not in streamed:
+                            await client.generate(**bodies[index])
+                            return Fate.ANSWERED
+                        async with client.generate_stream(**bodies[index]) as stream:
+                            async for _ in stream:
+                                pass
+                        return Fate.ANSWERED
+                    except APIStreamError as error:
+                        return Fate.CUT_WITH_TYPED_ERROR if error.type == PROXY_ERROR_TYPE else Fate.LOST
+                    except APIError:
+                        return Fate.LOST
+
+            return await asyncio.gather(*(one(index) for index in range(len(bodies))))
+
+    return asyncio.run(run())
+
+
+def test_a_killed_replica_loses_no_request_that_was_not_streaming_and_is_replaced(
     ray_app: RayApp, pytestconfig: pytest.Config
 ) -> None:
+    """96 requests through the SDK, one in four streamed, one replica killed a second in.
+
+    A request that had not started streaming is answered, by retry if need be: Serve's proxy
+    answers 502 for it (`deploy/ray/proxy.py`) and the SDK sends it again under the same request
+    id. A stream the dead replica was writing ends with a typed error event, never silently.
+    """
     before = replica_actors()
     assert len(before) == REPLICAS
     victim_id, victim = next(iter(before.items()))
     bodies = [request_body(index) | {"max_new_tokens": 32} for index in range(96)]
+    streamed = set(range(0, len(bodies), 4))
     killed = threading.Event()
 
     killed_at: list[float] = []
@@ -366,12 +417,13 @@ def test_a_killed_replica_is_replaced_and_only_its_requests_are_lost(
 
     killer = threading.Thread(target=kill_once_traffic_flows)
     killer.start()
-    during = send_all(ray_app.base_url, bodies, concurrency=8)
+    fates = sdk_outcomes(ray_app.base_url, bodies, streamed, concurrency=8)
     killer.join()
     assert killed.is_set()
-    lost = [outcome for outcome in during if outcome.status != 200]
-    # Only what the dead replica held can be lost: at most its share of the concurrent requests.
-    assert len(lost) <= 8, Counter(outcome.status for outcome in lost)
+    plain = Counter(fate for index, fate in enumerate(fates) if index not in streamed)
+    streams = Counter(fate for index, fate in enumerate(fates) if index in streamed)
+    assert plain == {Fate.ANSWERED: len(bodies) - len(streamed)}, plain
+    assert Fate.LOST not in streams, streams
 
     def replaced() -> bool:
         current = replica_actors()
@@ -386,10 +438,11 @@ def test_a_killed_replica_is_replaced_and_only_its_requests_are_lost(
     assert newcomer in served_after, served_after
     report(
         pytestconfig,
-        f"deploy/ray replica kill: {len(lost)} of {len(bodies)} requests lost "
-        f"(statuses {dict(Counter(outcome.status for outcome in lost))}); after the restart "
-        f"{CONCURRENT}/{CONCURRENT} succeeded, by replica {dict(served_after)}; "
-        f"replacement running {replaced_after_s:.1f} s after the kill",
+        f"deploy/ray replica kill: {len(bodies) - len(streamed)} plain requests: "
+        f"{plain[Fate.ANSWERED]} answered, {plain[Fate.LOST]} lost; {len(streamed)} streams: "
+        f"{streams[Fate.ANSWERED]} answered, {streams[Fate.CUT_WITH_TYPED_ERROR]} cut with a typed error, "
+        f"{streams[Fate.LOST]} lost; after the restart {CONCURRENT}/{CONCURRENT} succeeded, "
+        f"by replica {dict(served_after)}; replacement running {replaced_after_s:.1f} s after the kill",
     )
 
 
@@ -404,6 +457,7 @@ def test_replica_options_map_onto_serve_deployment_options() -> None:
     assert fixed["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0.5}
     assert fixed["max_ongoing_requests"] == 32
     assert fixed["graceful_shutdown_timeout_s"] == 12
+    assert fixed["health_check_period_s"] < fixed["health_check_timeout_s"]
     scaled = ReplicaOptions(min_replicas=1, max_replicas=4).deployment_options(settings)
     assert scaled["autoscaling_config"]["max_replicas"] == 4 and "num_replicas" not in scaled
     with pytest.raises(ValueError):
