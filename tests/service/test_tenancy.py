@@ -236,3 +236,12 @@ def test_a_key_over_its_token_limit_gets_429_and_a_request_over_it_alone_422(
             assert small() == "request_cancelled"
         assert abort(channel, KEY_B, "tokens-1") is grpc.StatusCode.OK
         assert first() == "CANCELLED"
+
+
+def test_keys_from_the_file_stay_out_of_the_process_list(server: LiveServer, client: httpx.Client) -> None:
+    command_line = Path(f"/proc/{server.process.pid}/cmdline").read_bytes()
+    assert b"--api-key-file" in command_line
+    assert KEY_A.encode() not in command_line and KEY_B.encode() not in command_line
+    for key in (KEY_A, KEY_B, KEY_C):
+        assert client.get("/models", headers=auth(key)).status_code == 200
+    assert client.get("/models", headers=auth("# tenants")).status_code == 401
