@@ -19,6 +19,7 @@ from pe_client._base import (
 )
 from pe_client.errors import APIConnectionError, APIError
 from pe_client.streaming import AsyncStream
+from pe_client.tls import TLS, verify
 from pe_client.types import (
     GenerateParams,
     GenerateRequest,
@@ -44,10 +45,11 @@ class AsyncPEClient(BaseClient):
         max_retries: int = DEFAULT_MAX_RETRIES,
         http_client: httpx.AsyncClient | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        tls: TLS | None = None,
     ) -> None:
         super().__init__(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)
         self._owns_http = http_client is None
-        self._http = http_client if http_client is not None else httpx.AsyncClient()
+        self._http = http_client if http_client is not None else httpx.AsyncClient(verify=verify(tls))
         self._sleep = sleep
 
     async def generate(

@@ -19,6 +19,7 @@ from pe_client._base import (
 )
 from pe_client.errors import APIConnectionError, APIError
 from pe_client.streaming import Stream
+from pe_client.tls import TLS, verify
 from pe_client.types import (
     GenerateParams,
     GenerateRequest,
@@ -35,8 +36,10 @@ from pe_client.types import (
 class PEClient(BaseClient):
     """Blocking client for pe-serve; one connection pool, closed by `close()` or `with`.
 
-    `base_url` and `api_key` default to `PE_SERVE_URL` and `PE_SERVE_API_KEY`. Pass `http_client`
-    to bring your own transport (it is then yours to close) and `sleep` to control backoff waits.
+    `base_url` and `api_key` default to `PE_SERVE_URL` and `PE_SERVE_API_KEY`. `tls` says which
+    certificates to trust and which client certificate to present (`pe_client.tls.TLS`). Pass
+    `http_client` to bring your own transport (it is then yours to close, and `tls` does not apply)
+    and `sleep` to control backoff waits.
     """
 
     def __init__(
@@ -48,10 +51,11 @@ class PEClient(BaseClient):
         max_retries: int = DEFAULT_MAX_RETRIES,
         http_client: httpx.Client | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        tls: TLS | None = None,
     ) -> None:
         super().__init__(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)
         self._owns_http = http_client is None
-        self._http = http_client if http_client is not None else httpx.Client()
+        self._http = http_client if http_client is not None else httpx.Client(verify=verify(tls))
         self._sleep = sleep
 
     def generate(

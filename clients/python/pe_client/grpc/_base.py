@@ -19,6 +19,7 @@ from pe_client._version import __version__
 from pe_client.errors import APIConnectionError, APIError, APITimeoutError, status_error_class
 from pe_client.grpc import pe_serve_pb2 as pb
 from pe_client.grpc._codec import request_message, response_fields
+from pe_client.tls import TLS
 from pe_client.types import (
     GenerateParams,
     GenerateRequest,
@@ -90,12 +91,26 @@ class BaseGrpcClient:
     """Settings and message construction common to `GrpcPEClient` and `AsyncGrpcPEClient`."""
 
     def __init__(
-        self, *, target: str | None, api_key: str | None, timeout: float | None, max_retries: int
+        self,
+        *,
+        target: str | None,
+        api_key: str | None,
+        timeout: float | None,
+        max_retries: int,
+        tls: TLS | None = None,
     ) -> None:
         self.target = target or os.environ.get("PE_SERVE_GRPC_TARGET") or DEFAULT_TARGET
         self.api_key = api_key if api_key is not None else os.environ.get("PE_SERVE_API_KEY")
         self.timeout = timeout
         self.retry_policy = RetryPolicy(max_retries=max_retries)
+        self.tls = tls
+
+    def _credentials(self) -> grpc.ChannelCredentials | None:
+        """A secure channel's credentials with `tls` (its CA, and our certificate for mTLS); else None."""
+        if self.tls is None:
+            return None
+        root, key, chain = self.tls.pem()
+        return grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()

@@ -26,6 +26,7 @@ from pe_client.grpc._base import (
 )
 from pe_client.grpc._health import health_request, health_result
 from pe_client.grpc._stubs import Stubs
+from pe_client.tls import TLS
 from pe_client.types import (
     GenerateParams,
     GenerateRequest,
@@ -82,8 +83,9 @@ class AsyncGrpcPEClient(BaseGrpcClient):
         max_retries: int = DEFAULT_MAX_RETRIES,
         channel: grpc.aio.Channel | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        tls: TLS | None = None,
     ) -> None:
-        super().__init__(target=target, api_key=api_key, timeout=timeout, max_retries=max_retries)
+        super().__init__(target=target, api_key=api_key, timeout=timeout, max_retries=max_retries, tls=tls)
         self._owns_channel = channel is None
         self._channel = channel
         self._sleep = sleep
@@ -93,7 +95,12 @@ class AsyncGrpcPEClient(BaseGrpcClient):
         """The method stubs, made on first use: a `grpc.aio` channel must be made in a running loop."""
         if self._stubs is None:
             if self._channel is None:
-                self._channel = grpc.aio.insecure_channel(self.target, channel_options())
+                credentials = self._credentials()
+                self._channel = (
+                    grpc.aio.insecure_channel(self.target, channel_options())
+                    if credentials is None
+                    else grpc.aio.secure_channel(self.target, credentials, channel_options())
+                )
             self._stubs = Stubs(self._channel)
         return self._stubs
 

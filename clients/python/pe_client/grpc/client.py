@@ -26,6 +26,7 @@ from pe_client.grpc._base import (
 )
 from pe_client.grpc._health import health_request, health_result
 from pe_client.grpc._stubs import Stubs
+from pe_client.tls import TLS
 from pe_client.types import (
     GenerateParams,
     GenerateRequest,
@@ -69,7 +70,8 @@ class GrpcPEClient(BaseGrpcClient):
 
     `target` (host:port) and `api_key` default to `PE_SERVE_GRPC_TARGET` and `PE_SERVE_API_KEY`;
     `timeout` is each call's deadline in seconds (a stream's covers the whole stream; None: no
-    deadline). Pass `channel` to bring your own (it is then yours to close).
+    deadline). `tls` (`pe_client.tls.TLS`) opens a TLS channel. Pass `channel` to bring your own
+    (it is then yours to close).
     """
 
     def __init__(
@@ -81,14 +83,19 @@ class GrpcPEClient(BaseGrpcClient):
         max_retries: int = DEFAULT_MAX_RETRIES,
         channel: grpc.Channel | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        tls: TLS | None = None,
     ) -> None:
-        super().__init__(target=target, api_key=api_key, timeout=timeout, max_retries=max_retries)
+        super().__init__(target=target, api_key=api_key, timeout=timeout, max_retries=max_retries, tls=tls)
         self._owns_channel = channel is None
-        self._channel = (
-            channel if channel is not None else grpc.insecure_channel(self.target, channel_options())
-        )
+        self._channel = channel if channel is not None else self._open_channel()
         self._sleep = sleep
         self._stubs = Stubs(self._channel)
+
+    def _open_channel(self) -> grpc.Channel:
+        credentials = self._credentials()
+        if credentials is None:
+            return grpc.insecure_channel(self.target, channel_options())
+        return grpc.secure_channel(self.target, credentials, channel_options())
 
     def generate(
         self,
