@@ -381,6 +381,24 @@ def test_a_sweep_longer_than_its_text_is_refused_before_scoring(page: Page, serv
     assert "The text is 13 tokens long, shorter than the longest length asked (128)" in message
 
 
+def test_a_cell_the_server_refuses_ends_the_sweep_with_its_message(
+    page: Page, server: LiveServer, problems: PageProblems
+) -> None:
+    """The grid's syntax is right but the server's range check is not met (high <= low): its 422
+    message is shown, and the cells still in flight are aborted."""
+    text = (STATIC_DIR / "sample.txt").read_text()[:300]
+    start_sweep(page, text, "128, 256", "none\nllama3:factor=2,low_freq_factor=4,high_freq_factor=1")
+    assert finish(page, "sweep-section") == "error"
+    message = page.text_content("#sweep-message") or ""
+    assert "high_freq_factor must be greater than low_freq_factor" in message
+    score = server.url("/score")
+    refused = problems.seen.count(f"HTTP 422: POST {score}")
+    aborted = problems.seen.count(f"request failed: POST {score} (net::ERR_ABORTED)")
+    logged = [seen for seen in problems.seen if seen.startswith("console: Failed to load resource")]
+    assert refused >= 1 and refused + aborted + len(logged) == len(problems.seen)
+    problems.seen.clear()
+
+
 def test_cancel_aborts_the_sweep_s_requests(page: Page, server: LiveServer, problems: PageProblems) -> None:
     text = (STATIC_DIR / "sample.txt").read_text()[:1100]
     grid = "none\nlinear:factor=2|4|8\nntk:factor=2|4|8\nyarn:factor=2|4|8"

@@ -27,12 +27,17 @@ function selectedModel() {
   return models.find((model) => model.name === byId("model").value);
 }
 
+// A training-side zoo member shows how it was trained beside its scheme ("rope, pi-ft").
+function modelKind(model) {
+  return model.training_method ? `${model.scheme}, ${model.training_method}` : model.scheme;
+}
+
 function showModel() {
   const model = selectedModel();
   if (!model) return;
   limitToSupported(model.supported_scalings);
   byId("model-info").textContent =
-    `${model.scheme}, native context ${model.native_context}, max context ${model.max_context}, ${model.device} ${model.dtype}`;
+    `${modelKind(model)}, native context ${model.native_context}, max context ${model.max_context}, ${model.device} ${model.dtype}`;
 }
 
 async function loadModels() {
@@ -43,7 +48,7 @@ async function loadModels() {
     return;
   }
   const select = byId("model");
-  select.replaceChildren(...models.map((model) => new Option(`${model.name} (${model.scheme})`, model.name)));
+  select.replaceChildren(...models.map((model) => new Option(`${model.name} (${modelKind(model)})`, model.name)));
   const wanted = urlValue("model");
   if (models.some((model) => model.name === wanted)) select.value = wanted;
   showModel();
@@ -108,24 +113,26 @@ function onScore() {
   });
 }
 
-// The grid is read and checked in full before the first request; its error is shown in the section.
+// The grid is read and checked in full before the first request; an error shows in the section.
+// A failed cell aborts the others: the sweep is reported whole or not at all.
 function onSweep() {
   const message = byId("sweep-message");
+  const cancel = byId("sweep-cancel");
   message.textContent = "";
+  const controller = new AbortController();
+  sweepController = controller; // what the Cancel button aborts
+  const { signal } = controller;
   return run("sweep", "sweep-section", async () => {
-    const model = selectedModel();
-    if (!model) throw new Error("No model: check the API key and reload.");
-    const cancel = byId("sweep-cancel");
     try {
+      const model = selectedModel();
+      if (!model) throw new Error("No model: check the API key and reload.");
       const lengths = parseLengths(byId("sweep-lengths").value, model.max_context);
       const scalings = parseScalings(byId("sweep-grid").value, model.supported_scalings);
       const threshold = Math.max(0, numberOf("sweep-threshold") ?? 0);
-      sweepController = new AbortController();
       cancel.disabled = false;
       const sweep = await runSweep({
-        model, lengths, scalings,
+        model, lengths, scalings, signal,
         text: byId("sweep-text").value,
-        signal: sweepController.signal,
         onCell: (done, total) => {
           Object.assign(byId("sweep-progress"), { value: done, max: total });
           byId("sweep-count").textContent = `${done} of ${total} cells`;
@@ -139,6 +146,7 @@ function onSweep() {
       if (error.name !== "AbortError") message.textContent = error.message;
       throw error;
     } finally {
+      controller.abort();
       cancel.disabled = true;
     }
   });
