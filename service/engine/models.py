@@ -17,7 +17,7 @@ import torch
 from pe_runtime import PECache, PEConfigError, RopeScaling, rope_inv_freq, rope_seq_len_key
 from service.engine.errors import ContextLengthError, InvalidRequestError
 from service.engine.types import SCALING_FIELD, ModelInfo, PEInfo, TokenizerInfo
-from service.model.checkpoint import is_checkpoint, load_checkpoint, read_config
+from service.model.checkpoint import is_checkpoint, load_checkpoint, read_config, training_method
 from service.model.config import ModelConfig
 from service.model.gguf_file import gguf_path, model_name, read_gguf
 from service.model.hf import build_hf_model, is_hf_checkpoint, load_hf_checkpoint
@@ -151,8 +151,10 @@ def load_served_model(
     """Load our checkpoint, a Hugging Face directory (`tokenizer.json` required) or a GGUF file,
     then pack its linear weights as `weights` says (a `WeightsError` if they cannot run here)."""
     tokenizer: TextTokenizer
+    method = None
     if is_checkpoint(directory):
         name, _ = read_config(directory)
+        method = training_method(directory)
         model = load_checkpoint(directory, device=device, dtype=dtype, pe_cache=pe_cache)
         tokenizer = ByteTokenizer()
         tokenizer_info = TokenizerInfo(bos_token_id=model.config.bos_id, eos_token_id=model.config.eos_id)
@@ -185,6 +187,7 @@ def load_served_model(
         dtype=str(dtype).removeprefix("torch."),
         vocab_size=config.vocab_size,
         weights=weights,
+        training_method=method,
     )
     model = quantize_weights(model, weights)  # after counting: packed layers hold no parameters
     spec = ModelSpec(name=name, config=config, tokenizer=tokenizer, info=info, tokenizer_info=tokenizer_info)

@@ -104,6 +104,8 @@ class ModelInfo:
     vocab_size: int
     backend: str = "eager"  # the decode path its steps run on (`service.model.backend`)
     weights: str = "float"  # how its linear weights are kept (`service.model.quantized`)
+    # A training-side zoo member's method (`training.extension`: pi-ft, yarn-ft, pose, randpos).
+    training_method: str | None = None
 
 
 @dataclass(frozen=True)

@@ -75,4 +75,6 @@ def _alternatives(entries: list[TopLogprobEntry]) -> list[pb.TopLogprob]:
 
 
 def models_message(infos: list[ModelInfo]) -> pb.ListModelsResponse:
-    return pb.ListModelsResponse(models=[pb.ModelCard(**model_card(info).model_dump()) for info in infos])
+    return pb.ListModelsResponse(
+        models=[pb.ModelCard(**model_card(info).model_dump(exclude_none=True)) for info in infos]
+    )

@@ -65,6 +65,12 @@ def read_config(directory: Path) -> tuple[str, ModelConfig]:
     return str(data.get("name") or directory.name), ModelConfig.from_dict(data)
 
 
+def training_method(directory: Path) -> str | None:
+    """The `"training"` block's method of a training-side zoo member; None for any other model."""
+    training = json.loads((directory / CONFIG_FILE).read_text()).get("training")
+    return str(training["method"]) if isinstance(training, dict) and "method" in training else None
+
+
 def load_checkpoint(
     directory: Path,
     *,

@@ -134,4 +134,5 @@ def model_card(info: ModelInfo) -> ModelCard:
         dtype=info.dtype,
         backend=info.backend,
         weights=info.weights,
+        training_method=info.training_method,
     )

@@ -108,6 +108,10 @@ class ModelCard(BaseModel):
     dtype: str
     backend: str = Field(description="The decode path its steps run on: eager, compiled, cuda_graphs or c.")
     weights: str = Field(description="How its linear weights are kept at run time: float, int8 or int4.")
+    training_method: str | None = Field(
+        None,
+        description="For a training-side zoo member, how it was trained: pi-ft, yarn-ft, pose or randpos.",
+    )
 
 
 class ModelsResponse(BaseModel):

@@ -173,6 +173,7 @@ class ModelInfo(_Response):
     dtype: str
     backend: str  # the decode path its steps run on: eager, compiled, cuda_graphs or c
     weights: str  # how its linear weights are kept at run time: float, int8 or int4
+    training_method: str | None = None  # a training-side zoo member's: pi-ft, yarn-ft, pose, randpos
 
 
 class ModelList(_Response):

@@ -271,7 +271,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelCard(_message.Message):
-    __slots__ = ("name", "scheme", "native_context", "max_context", "supported_scalings", "parameters", "device", "dtype", "backend", "weights")
+    __slots__ = ("name", "scheme", "native_context", "max_context", "supported_scalings", "parameters", "device", "dtype", "backend", "weights", "training_method")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SCHEME_FIELD_NUMBER: _ClassVar[int]
     NATIVE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +282,7 @@ class ModelCard(_message.Message):
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_METHOD_FIELD_NUMBER: _ClassVar[int]
     name: str
     scheme: str
     native_context: int
@@ -292,7 +293,8 @@ class ModelCard(_message.Message):
     dtype: str
     backend: str
     weights: str
-    def __init__(self, name: _Optional[str] = ..., scheme: _Optional[str] = ..., native_context: _Optional[int] = ..., max_context: _Optional[int] = ..., supported_scalings: _Optional[_Iterable[str]] = ..., parameters: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., backend: _Optional[str] = ..., weights: _Optional[str] = ...) -> None: ...
+    training_method: str
+    def __init__(self, name: _Optional[str] = ..., scheme: _Optional[str] = ..., native_context: _Optional[int] = ..., max_context: _Optional[int] = ..., supported_scalings: _Optional[_Iterable[str]] = ..., parameters: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., backend: _Optional[str] = ..., weights: _Optional[str] = ..., training_method: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)
