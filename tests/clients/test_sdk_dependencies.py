@@ -29,6 +29,10 @@ def test_the_grpc_extra_adds_grpc_and_protobuf_only() -> None:
     assert _requirements("grpc") == {"grpcio", "grpcio-health-checking", "protobuf"}
 
 
+def test_the_plot_extra_adds_matplotlib_only() -> None:
+    assert _requirements("plot") == {"matplotlib"}
+
+
 def test_importing_the_sdk_its_cli_and_grpc_client_loads_neither_torch_nor_the_service() -> None:
     probe = (
         "import sys, pe_client, pe_client.cli, pe_client.grpc;"
@@ -37,3 +41,4 @@ def test_importing_the_sdk_its_cli_and_grpc_client_loads_neither_torch_nor_the_s
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert "'torch'" not in loaded
     assert "'service'" not in loaded and "'pe_runtime'" not in loaded
+    assert "'matplotlib'" not in loaded  # only a plot imports it (pe-client[plot])

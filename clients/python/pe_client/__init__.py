@@ -19,6 +19,8 @@ from pe_client.errors import (
     ServiceUnavailableError,
     UnprocessableEntityError,
 )
+from pe_client.grid import GridError
+from pe_client.passkey import PasskeyCell, PasskeyResult, async_passkey, passkey
 from pe_client.scaling import (
     DynamicScaling,
     LinearScaling,
@@ -31,7 +33,9 @@ from pe_client.scaling import (
     YarnScaling,
 )
 from pe_client.streaming import AsyncStream, Stream
+from pe_client.sweep import SweepCell, SweepResult, async_sweep, sweep
 from pe_client.types import (
+    ChatMessage,
     GenerateParams,
     GenerateRequest,
     GenerateResponse,
@@ -45,6 +49,7 @@ from pe_client.types import (
     StreamEvent,
     StreamToken,
     Timing,
+    TokenizerInfo,
     TopLogprob,
     Usage,
 )
@@ -59,10 +64,12 @@ __all__ = [
     "AsyncStream",
     "AuthenticationError",
     "BadRequestError",
+    "ChatMessage",
     "DynamicScaling",
     "GenerateParams",
     "GenerateRequest",
     "GenerateResponse",
+    "GridError",
     "Health",
     "InternalServerError",
     "LinearScaling",
@@ -76,6 +83,8 @@ __all__ = [
     "PEInfo",
     "PEScaling",
     "PEServeError",
+    "PasskeyCell",
+    "PasskeyResult",
     "PayloadTooLargeError",
     "RateLimitError",
     "ScalingType",
@@ -87,10 +96,17 @@ __all__ = [
     "StreamEnd",
     "StreamEvent",
     "StreamToken",
+    "SweepCell",
+    "SweepResult",
     "Timing",
+    "TokenizerInfo",
     "TopLogprob",
     "UnprocessableEntityError",
     "Usage",
     "YarnScaling",
     "__version__",
+    "async_passkey",
+    "async_sweep",
+    "passkey",
+    "sweep",
 ]

@@ -3,7 +3,9 @@
 pe-client generate --pe rope --scaling yarn --factor 4 "def fib(n):"
 pe-client compare --pe rope --scalings none,linear,ntk,yarn --factor 4 "def fib(n):"
 pe-client models
-pe-client --grpc 127.0.0.1:50051 models      # any command over gRPC (pe-client[grpc])
+pe-client --grpc 127.0.0.1:50051 models      # any command but sweep and passkey over gRPC (pe-client[grpc])
+pe-client sweep --corpus pydoc-topics --lengths 256,1024,4096 --scaling none --scaling 'yarn:factor=4|16'
+pe-client passkey --lengths 512,2048 --depths 0.1,0.5,0.9 --scaling none --scaling dynamic:factor=4
 """
 
 from __future__ import annotations
@@ -15,15 +17,29 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
+import httpx
 from pydantic import ValidationError
 
 from pe_client._version import __version__
 from pe_client.async_client import AsyncPEClient
 from pe_client.client import PEClient
+from pe_client.corpora import CORPORA, corpus_text
 from pe_client.errors import PEServeError
+from pe_client.grid import parse_specs
+from pe_client.lab_output import (
+    ProgressBar,
+    check_plot_path,
+    passkey_table,
+    plot_passkey,
+    plot_sweep,
+    sweep_table,
+)
+from pe_client.passkey import PasskeyResult, async_passkey
 from pe_client.scaling import PEScaling, ScalingType, parse_scaling
+from pe_client.sweep import SweepResult, async_sweep
 from pe_client.types import (
     GenerateRequest,
     GenerateResponse,
@@ -40,6 +56,10 @@ COLUMN_GAP = " | "
 # `compare` sends all its requests at once; a server with a small queue turns some away with 429
 # and a Retry-After, and the CLI is meant to wait those out rather than give up after the SDK's two.
 CLI_MAX_RETRIES = 10
+# Scoring 16k tokens under a dozen scalings at once can take many minutes before the first answer.
+LAB_TIMEOUT = httpx.Timeout(None, connect=5.0)
+# The exit status of a run stopped by Ctrl-C, as shells report SIGINT.
+INTERRUPTED = 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PEServeError, ValidationError) as exc:
         print(f"pe-client: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("pe-client: interrupted; the requests in flight were cancelled", file=sys.stderr)
+        return INTERRUPTED
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,7 +116,55 @@ def _parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="list the resident models")
     models.set_defaults(run=_run_models)
+
+    sweep = commands.add_parser("sweep", help="bits per token of a text by length, under a grid of scalings")
+    _add_lab_options(sweep)
+    text = sweep.add_mutually_exclusive_group(required=True)
+    text.add_argument("--text-file", type=Path, metavar="FILE", help="the text to score; - reads stdin")
+    text.add_argument("--corpus", choices=sorted(CORPORA), help="a text the client knows by name")
+    sweep.set_defaults(run=_run_sweep)
+
+    passkey = commands.add_parser("passkey", help="find a key hidden in filler: accuracy by depth and length")
+    _add_lab_options(passkey)
+    passkey.add_argument("--depths", type=_floats, default=[0.1, 0.5, 0.9], help="default 0.1,0.5,0.9")
+    passkey.add_argument("--trials", type=int, default=1, help="keys per (length, depth) (default 1)")
+    passkey.add_argument("--seed", type=int, default=0, help="draws the keys (default 0)")
+    passkey.set_defaults(run=_run_passkey)
     return parser
+
+
+def _add_lab_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="default: the server's default model")
+    parser.add_argument("--lengths", type=_ints, required=True, help="comma-separated token counts")
+    parser.add_argument(
+        "--scaling",
+        dest="scalings",
+        action="append",
+        required=True,
+        metavar="SPEC",
+        help="none or TYPE:key=value,... (factor=2|4|8 expands); repeatable",
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    parser.add_argument(
+        "--plot", type=Path, metavar="FILE", help="write a plot (.png or .svg; pe-client[plot])"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=None, metavar="N", help="requests in flight (default: all at once)"
+    )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(part) for part in text.split(",") if part.strip()]
 
 
 def _client(args: argparse.Namespace) -> PEClient | GrpcPEClient:
@@ -111,6 +182,13 @@ def _async_client(args: argparse.Namespace) -> AsyncPEClient | AsyncGrpcPEClient
     from pe_client.grpc import AsyncGrpcPEClient
 
     return AsyncGrpcPEClient(args.grpc, api_key=args.api_key, max_retries=args.max_retries)
+
+
+def _lab_client(args: argparse.Namespace) -> AsyncPEClient:
+    """The lab's requests are long and many at once: HTTP, no read timeout."""
+    if args.grpc is not None:
+        raise PEServeError("sweep and passkey talk HTTP; leave out --grpc")
+    return AsyncPEClient(args.url, api_key=args.api_key, max_retries=args.max_retries, timeout=LAB_TIMEOUT)
 
 
 def _add_generation_options(parser: argparse.ArgumentParser) -> None:
@@ -252,6 +330,73 @@ def _wrap(text: str, width: int) -> list[str]:
         printable = "".join(char if char.isprintable() else "·" for char in line.replace("\t", " "))
         lines.extend(textwrap.wrap(printable, width, drop_whitespace=False) or [""])
     return lines
+
+
+def _progress(args: argparse.Namespace, total: int) -> ProgressBar:
+    enabled = sys.stderr.isatty() if args.progress is None else args.progress
+    return ProgressBar(total, enabled=enabled)
+
+
+def _lab_checks(args: argparse.Namespace) -> int:
+    """What can be refused before any request: the plot's format and the grid's SPECs; the number
+    of scalings the grid expands to."""
+    if args.plot is not None:
+        check_plot_path(args.plot)
+    return len(parse_specs(args.scalings))
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    scalings = _lab_checks(args)
+    if args.corpus is not None:
+        text = corpus_text(args.corpus)
+    elif str(args.text_file) == "-":
+        text = sys.stdin.read()
+    else:
+        text = args.text_file.read_text(encoding="utf-8")
+    bar = _progress(args, scalings * len(set(args.lengths)))
+
+    async def run() -> SweepResult:
+        async with _lab_client(args) as client:
+            return await async_sweep(
+                client,
+                text=text,
+                lengths=args.lengths,
+                scalings=args.scalings,
+                model=args.model,
+                concurrency=args.concurrency,
+                on_cell=bar.advance,
+            )
+
+    result = asyncio.run(run())
+    print(result.model_dump_json() if args.json else sweep_table(result))
+    if args.plot is not None:
+        plot_sweep(result, args.plot)
+    return 0
+
+
+def _run_passkey(args: argparse.Namespace) -> int:
+    scalings = _lab_checks(args)
+    bar = _progress(args, scalings * len(set(args.lengths)) * len(args.depths) * max(1, args.trials))
+
+    async def run() -> PasskeyResult:
+        async with _lab_client(args) as client:
+            return await async_passkey(
+                client,
+                lengths=args.lengths,
+                depths=args.depths,
+                scalings=args.scalings,
+                model=args.model,
+                trials=args.trials,
+                seed=args.seed,
+                concurrency=args.concurrency,
+                on_cell=bar.advance,
+            )
+
+    result = asyncio.run(run())
+    print(result.model_dump_json() if args.json else passkey_table(result))
+    if args.plot is not None:
+        plot_passkey(result, args.plot)
+    return 0
 
 
 def _run_models(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Self, Unpack
+from urllib.parse import quote
 
 import httpx
 
@@ -21,6 +22,7 @@ from pe_client.errors import APIConnectionError, APIError
 from pe_client.streaming import Stream
 from pe_client.tls import TLS, verify
 from pe_client.types import (
+    ChatMessage,
     GenerateParams,
     GenerateRequest,
     GenerateResponse,
@@ -30,6 +32,7 @@ from pe_client.types import (
     ScoreParams,
     ScoreRequest,
     ScoreResponse,
+    TokenizerInfo,
 )
 
 
@@ -78,6 +81,27 @@ class PEClient(BaseClient):
         """Log-probability of every token of a text given its prefix, and the perplexity."""
         body = build_body(ScoreRequest, request, params)
         return ScoreResponse.model_validate(self._post("/score", body).json())
+
+    def tokenize(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: list[ChatMessage] | None = None,
+        model: str | None = None,
+    ) -> list[int]:
+        """The token ids the server runs for `prompt` (BOS first, as for generation) or for `messages`
+        rendered by the model's chat template with the assistant's turn opened."""
+        body: dict[str, object] = {"model": model, "prompt": prompt}
+        if messages is not None:
+            body["messages"] = [message.model_dump() for message in messages]
+        response = self._post("/tokenize", {key: value for key, value in body.items() if value is not None})
+        tokens: list[int] = response.json()["tokens"]
+        return tokens
+
+    def tokenizer_info(self, model: str | None = None) -> TokenizerInfo:
+        """A model's special tokens and chat template (the default model when none is named)."""
+        path = "/tokenizer_info" if model is None else f"/tokenizer_info?model={quote(model)}"
+        return TokenizerInfo.model_validate((self._send(self._build_request(self._http, "GET", path))).json())
 
     def models(self) -> list[ModelInfo]:
         """The resident models, in load order."""

@@ -176,6 +176,25 @@ class ModelInfo(_Response):
     training_method: str | None = None  # a training-side zoo member's: pi-ft, yarn-ft, pose, randpos
 
 
+class TokenizerInfo(_Response):
+    """A model's tokenizer: its special tokens and chat template (None for a model without one)."""
+
+    model: str
+    bos_token_id: int | None
+    eos_token_id: int | None
+    chat_template: str | None
+    model_max_length: int
+
+
+class ChatMessage(BaseModel):
+    """One turn of a conversation, rendered by the model's chat template."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
 class ModelList(_Response):
     models: list[ModelInfo]
 

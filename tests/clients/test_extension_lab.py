@@ -1,0 +1,262 @@
+"""The context-extension lab (`pe_client.sweep`, `pe_client.passkey`, `pe-client sweep|passkey`)
+against a real server on the zoo's RoPE and ALiBi members (native context 256).
+
+What the server saw is read from its own `/metrics`: which requests arrived, and which were cut
+off by the client (status 499, the request cancelled in the engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from pe_client import AsyncPEClient, PEClient, async_sweep, passkey, sweep
+from pe_client.cli import main
+from pe_client.grid import GridError
+from pe_client.sweep import SweepCell
+
+from tests.live_server import LiveServer, OptionValue, live_server
+
+ZOO = Path(__file__).resolve().parents[2] / "models"
+MAX_CONTEXT = 2048
+NATIVE = 256
+TEXT = Path(__file__).resolve().parents[2].joinpath("README.md").read_text(encoding="utf-8")
+TOLERANCE_BITS = 1e-4
+
+
+@pytest.fixture(scope="module")
+def zoo_server() -> Iterator[LiveServer]:
+    options: dict[str, OptionValue] = {
+        "device": "cpu",
+        "dtype": "float32",
+        "max_context": MAX_CONTEXT,
+        "grpc_port": 0,
+    }
+    with live_server(
+        [ZOO / "zoo-rope", ZOO / "zoo-alibi"], options=options, env={"OMP_NUM_THREADS": "1"}
+    ) as running:
+        yield running
+
+
+@pytest.fixture
+def zoo(zoo_server: LiveServer) -> Iterator[PEClient]:
+    with PEClient(zoo_server.base_url, timeout=120.0) as client:
+        yield client
+
+
+def requests_seen(server: LiveServer) -> dict[tuple[str, str], float]:
+    """`pe_serve_requests_total` by (endpoint, status), as the server counts them."""
+    text = httpx.get(server.url("/metrics"), timeout=10.0).text
+    pattern = re.compile(r"^pe_serve_requests_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$", re.MULTILINE)
+    seen: dict[tuple[str, str], float] = {}
+    for match in pattern.finditer(text):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+        seen[labels["endpoint"], labels["status"]] = float(match["value"])
+    return seen
+
+
+def count(seen: dict[tuple[str, str], float], endpoint: str, status: str | None = None) -> float:
+    return sum(value for (path, code), value in seen.items() if path == endpoint and status in (None, code))
+
+
+def bits_alone(client: PEClient, tokens: list[int], cell: SweepCell) -> tuple[float, float | None]:
+    """The cell's two figures from one `/score` of the same tokens and scaling, sent by itself."""
+    logprobs = [
+        lp for lp in client.score(tokens=tokens[: cell.length], pe_scaling=cell.scaling).token_logprobs[1:]
+    ]
+    assert all(lp is not None for lp in logprobs)
+    values = [float(lp) for lp in logprobs if lp is not None]
+    whole = -math.fsum(values) / len(values) / math.log(2)
+    past = values[NATIVE - 1 :]
+    return whole, (-math.fsum(past) / len(past) / math.log(2) if cell.length > NATIVE else None)
+
+
+def test_sweep_cells_equal_score_sent_alone(zoo: PEClient, zoo_server: LiveServer) -> None:
+    before = requests_seen(zoo_server)
+    result = sweep(
+        zoo, text=TEXT, lengths=[400, 128], scalings=["none", "yarn:factor=2|4", "linear:factor=2"]
+    )
+    assert count(requests_seen(zoo_server), "/score", "200") - count(before, "/score", "200") == 8
+    assert result.model == "zoo-rope"
+    assert [
+        (cell.length, cell.scaling.type, getattr(cell.scaling, "factor", None)) for cell in result.cells
+    ] == [
+        (128, "none", None),
+        (400, "none", None),
+        (128, "yarn", 2.0),
+        (400, "yarn", 2.0),
+        (128, "yarn", 4.0),
+        (400, "yarn", 4.0),
+        (128, "linear", 2.0),
+        (400, "linear", 2.0),
+    ]
+    tokens = zoo.tokenize(TEXT[:2000])
+    for cell in result.cells:
+        whole, past = bits_alone(zoo, tokens, cell)
+        assert cell.tokens == cell.length
+        assert abs(cell.bits_per_token - whole) < TOLERANCE_BITS
+        if past is None:
+            assert cell.tail_bits_per_token is None
+        else:
+            assert (
+                cell.tail_bits_per_token is not None and abs(cell.tail_bits_per_token - past) < TOLERANCE_BITS
+            )
+    # Past the native context the scalings part ways; within it linear x2 already differs from none.
+    by_key = {(cell.length, cell.scaling.model_dump_json()): cell.bits_per_token for cell in result.cells}
+    assert len(set(by_key.values())) == len(by_key)
+
+
+def test_async_sweep_one_at_a_time_equals_all_at_once(zoo: PEClient, zoo_server: LiveServer) -> None:
+    together = sweep(zoo, text=TEXT, lengths=[300], scalings=["ntk:factor=2", "dynamic:factor=2"])
+
+    async def one_by_one() -> list[SweepCell]:
+        async with AsyncPEClient(zoo_server.base_url, timeout=120.0) as client:
+            result = await async_sweep(
+                client, text=TEXT, lengths=[300], scalings=["ntk:factor=2", "dynamic:factor=2"], concurrency=1
+            )
+        return result.cells
+
+    for alone, batched in zip(asyncio.run(one_by_one()), together.cells, strict=True):
+        assert alone.scaling == batched.scaling
+        assert abs(alone.bits_per_token - batched.bits_per_token) < TOLERANCE_BITS
+
+
+def test_cli_sweep_prints_json_table_and_plots(
+    zoo_server: LiveServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    text_file = tmp_path / "text.txt"
+    text_file.write_text(TEXT[:3000], encoding="utf-8")
+    common = ["--url", zoo_server.base_url, "sweep", "--text-file", str(text_file), "--lengths", "100,300"]
+    grid = ["--scaling", "none", "--scaling", "yarn:factor=2|4,original_max_position_embeddings=256"]
+    assert main([*common, *grid, "--json", "--plot", str(tmp_path / "sweep.svg"), "--progress"]) == 0
+    out, err = capsys.readouterr()
+    printed = json.loads(out)
+    assert set(printed) == {"model", "cells", "wall_s"}
+    assert len(printed["cells"]) == 6
+    assert all(
+        set(cell) == {"length", "scaling", "tokens", "bits_per_token", "tail_bits_per_token"}
+        for cell in printed["cells"]
+    )
+    assert printed["cells"][2]["scaling"] == {
+        "type": "yarn",
+        "factor": 2.0,
+        "original_max_position_embeddings": 256,
+    }
+    assert [cell["tail_bits_per_token"] is None for cell in printed["cells"]] == [True, False] * 3
+    assert "6/6 cells" in err  # the progress bar, on stderr
+    assert "<svg" in (tmp_path / "sweep.svg").read_text()
+
+    monkeypatch.setattr("sys.stdin", text_file.open(encoding="utf-8"))
+    plot = tmp_path / "sweep.png"
+    stdin_args = ["--url", zoo_server.base_url, "sweep", "--text-file", "-", "--lengths", "100,300"]
+    assert main([*stdin_args, *grid, "--plot", str(plot)]) == 0
+    table = capsys.readouterr().out
+    assert "yarn x2 (orig=256)" in table and "past 256" in table
+    assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize(
+    ("grid", "message"),
+    [
+        (["--lengths", "128", "--scaling", "rotary:factor=2"], "unknown scaling type 'rotary'"),
+        (["--lengths", "128", "--scaling", "yarn:factor=2|0"], "factor must be a finite positive number"),
+        (["--lengths", "128", "--scaling", "linear:factor=-4"], "factor must be a finite positive number"),
+        (["--lengths", "128", "--scaling", "ntk:factor=0.5"], "factor must be at least 1"),
+        (["--lengths", "128", "--scaling", "yarn:factor=2,beta=3"], "beta"),
+        (["--lengths", f"128,{MAX_CONTEXT + 1}", "--scaling", "none"], f"max_context {MAX_CONTEXT}"),
+        (["--model", "zoo-alibi", "--lengths", "128", "--scaling", "yarn:factor=2"], "does not take yarn"),
+        (["--lengths", "128", "--scaling", "none", "--plot", "out.pdf"], ".png or .svg"),
+    ],
+)
+def test_bad_grids_fail_before_anything_is_scored(
+    zoo_server: LiveServer, grid: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = requests_seen(zoo_server)
+    for command in ("sweep", "passkey"):
+        text = ["--corpus", "pydoc-topics"] if command == "sweep" else []
+        assert main(["--url", zoo_server.base_url, command, *text, *grid]) == 1
+        _, err = capsys.readouterr()
+        assert message in err, err
+    after = requests_seen(zoo_server)
+    for endpoint in ("/score", "/tokenize", "/generate", "/tokenizer_info"):
+        assert count(after, endpoint) == count(before, endpoint), endpoint
+
+
+def test_the_sdk_raises_grid_errors_too(zoo: PEClient) -> None:
+    with pytest.raises(GridError, match="length 1: "):
+        sweep(zoo, text=TEXT, lengths=[1], scalings=["none"])
+    with pytest.raises(GridError, match="depths must lie between 0 and 1"):
+        passkey(zoo, lengths=[128], depths=[1.5], scalings=["none"])
+
+
+def test_an_interrupted_sweep_cancels_its_requests_in_flight(zoo_server: LiveServer) -> None:
+    """Cancelled at the first finished cell: every other cell's request is closed, and the server
+    cancels it (499) rather than scoring it for nobody."""
+    before = requests_seen(zoo_server)
+    scalings = ["none", "linear:factor=8", "ntk:factor=8", "yarn:factor=8"]
+    finished: list[SweepCell] = []
+
+    async def interrupted() -> None:
+        async with AsyncPEClient(zoo_server.base_url, timeout=120.0) as client:
+            task = asyncio.current_task()
+            assert task is not None
+
+            def stop_at_first(cell: SweepCell) -> None:
+                finished.append(cell)
+                task.cancel()
+
+            with pytest.raises(asyncio.CancelledError):
+                await async_sweep(
+                    client, text=TEXT, lengths=[64, MAX_CONTEXT], scalings=scalings, on_cell=stop_at_first
+                )
+
+    asyncio.run(interrupted())
+    cells = 2 * len(scalings)
+    seen = requests_seen(zoo_server)
+    for _ in range(100):  # the server notices a closed connection within a few engine steps
+        cancelled = count(seen, "/score", "499") - count(before, "/score", "499")
+        scored = count(seen, "/score", "200") - count(before, "/score", "200")
+        if cancelled + scored == cells:
+            break
+        asyncio.run(asyncio.sleep(0.1))
+        seen = requests_seen(zoo_server)
+    assert len(finished) == 1
+    assert cancelled + scored == cells
+    assert cancelled >= len(scalings)  # at least every full-length cell was still running
+
+
+def test_passkey_sdk_and_cli(
+    zoo: PEClient, zoo_server: LiveServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = requests_seen(zoo_server)
+    grid = ["none", "yarn:factor=2"]
+    result = passkey(zoo, lengths=[512, 384], depths=[0.1, 0.9], scalings=grid, trials=1)
+    generated = count(requests_seen(zoo_server), "/generate", "200") - count(before, "/generate", "200")
+    assert generated == 2 * 2 * 2 * 1  # scalings x lengths x depths x trials, one generation each
+    assert not result.chat  # the zoo has no chat template: a completion prompt
+    assert [(cell.scaling.type, cell.length, cell.depth) for cell in result.cells] == [
+        (scaling, length, depth)
+        for scaling in ("none", "yarn")
+        for length in (384, 512)
+        for depth in (0.1, 0.9)
+    ]
+    assert all(cell.trials == 1 and 0 <= cell.correct <= 1 for cell in result.cells)
+
+    heatmap = tmp_path / "passkey.svg"
+    args = ["--url", zoo_server.base_url, "passkey", "--lengths", "384,512", "--depths", "0.1,0.9"]
+    args += ["--scaling", "none", "--scaling", "yarn:factor=2", "--json", "--plot", str(heatmap)]
+    assert main(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert set(printed) == {"cells"}
+    assert printed["cells"] == [cell.model_dump(mode="json") for cell in result.cells]  # same seed, same keys
+    assert all(set(cell) == {"length", "depth", "scaling", "trials", "correct"} for cell in printed["cells"])
+    assert "<svg" in heatmap.read_text()
