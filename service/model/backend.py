@@ -59,20 +59,19 @@ def choose_backend(
     The C step needs no flag: it is built with the host's C compiler in about a second (cached
     after). Through the server on two cores, SmolLM2 decoded 13.5 tok/s at one client and 105 at
     16 on the eager pass, and 59 and 377 on the C step (bench/results/real_model.md, two runs of
-    this day). It runs float32 on a CPU, with float or int8 weights, on `threads` OpenMP threads.
-    Everything that
-    costs minutes at start-up (Inductor, CUDA graph capture) waits for `--compile`. Inductor on a
+    this day). It runs float32 on a CPU, with float, int8 or int4 weights, on `threads` OpenMP
+    threads. Everything that costs minutes at start-up (Inductor, CUDA graph capture) waits for
+    `--compile`. Inductor on a
     CPU compiles C++, so without a compiler the model stays eager rather than failing at warm-up.
     """
     unsupported = unsupported_by_fast_pass(config)
     if unsupported is not None:
         return BackendChoice(Backend.EAGER, f"the fast step cannot run it: {unsupported}")
-    on_c = device.type == "cpu" and dtype == torch.float32 and batch_pass.available()
-    if on_c and weights in ("float", "int8"):
+    if device.type == "cpu" and dtype == torch.float32 and batch_pass.available():
         return BackendChoice(Backend.C, f"{weights} weights on a CPU: a C call per pass, {threads} threads")
     if weights != "float":
-        # The torch step reads float matrices; the other packed layers run their own kernels.
-        return BackendChoice(Backend.EAGER, f"{weights} weights run their packed kernels in the eager pass")
+        # The torch step reads float matrices; packed layers widen theirs in the eager pass.
+        return BackendChoice(Backend.EAGER, f"{weights} weights off the C step run in the eager pass")
     if not allow_compile:
         return BackendChoice(Backend.EAGER, "--compile is off")
     if device.type == "cuda":

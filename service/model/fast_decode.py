@@ -51,10 +51,10 @@ from service.model.decode_pass import (
     unsupported_by_fast_pass,
 )
 from service.model.kernels import batch_pass
-from service.model.kernels.packed_linear import Panels, pack_int8, pack_weight
+from service.model.kernels.packed_linear import Panels, pack_int4, pack_int8, pack_weight
 from service.model.paged_cache import PagedKVCache, PagedRows
 from service.model.positional import PassTables
-from service.model.quantized import Int8Linear
+from service.model.quantized import Int4Linear, Int8Linear
 from service.model.transformer import Block, Transformer
 
 logger = logging.getLogger("service.model.fast_decode")
@@ -372,12 +372,24 @@ def c_batch_pass(model: Transformer, pool: PagedKVCache) -> batch_pass.BatchPass
 
 def _panels(projections: Sequence[torch.nn.Module | None]) -> Panels:
     """One product's panels from the layers whose outputs it stacks (q, k, v; gate, up)."""
-    if all(isinstance(projection, Int8Linear) for projection in projections):
-        int8 = [projection for projection in projections if isinstance(projection, Int8Linear)]
+    int8 = [projection for projection in projections if isinstance(projection, Int8Linear)]
+    int4 = [projection for projection in projections if isinstance(projection, Int4Linear)]
+    linear = [projection for projection in projections if isinstance(projection, torch.nn.Linear)]
+    if len(int8) == len(projections):
         return pack_int8(torch.cat([p.codes for p in int8]), torch.cat([p.scales for p in int8]))
-    if all(isinstance(projection, torch.nn.Linear) for projection in projections):
-        return pack_weight(torch.cat([p.weight for p in projections if isinstance(p, torch.nn.Linear)]))
-    raise ValueError(f"the C step reads float or int8 layers, not {[type(p).__name__ for p in projections]}")
+    if len(int4) == len(projections):
+        stacked = (torch.cat([getter(p) for p in int4]) for getter in _INT4_PARTS)
+        return pack_int4(*stacked)
+    if len(linear) == len(projections):
+        return pack_weight(torch.cat([p.weight for p in linear]))
+    raise ValueError(f"the C step reads layers of one format, not {[type(p).__name__ for p in projections]}")
+
+
+_INT4_PARTS: tuple[Callable[[Int4Linear], Tensor], ...] = (
+    Int4Linear.codes,
+    lambda layer: layer.scales,
+    lambda layer: layer.minimums,
+)
 
 
 def _two_or_more(tables: PassTables) -> dict[str, Tensor]:

@@ -4,7 +4,7 @@ modules that keep their weights packed.
 Which kernel, and why:
 
 - `int8` on a CPU: weight-only int8 with one scale per output and group of `INT8_GROUP` inputs
-  (GGUF's Q8_0 layout), activations kept float. Decode passes run in C (`kernels/batch_pass.c`),
+  (GGUF's Q8_0 block), activations kept float. Decode passes run in C (`kernels/batch_pass.c`),
   which reads the codes packed in panels and widens them in registers: a decode pass reads every
   weight once per step and is bound by the bytes it reads, so codes at a quarter of float32's
   bytes are the point. Where the eager pass runs (long prompt chunks, models the C step cannot
@@ -15,12 +15,12 @@ Which kernel, and why:
   codes keep the activations exact.
 - `int8` on CUDA: weight-only `_weight_int8pack_mm` (int8 weights, per-channel scales, float
   activations): one group spanning the whole input.
-- `int4` on a CPU: `_weight_int4pack_mm_for_cpu`, 4-bit weights in groups of 32 along the input
-  with a scale and zero point per group (asymmetric, as GGUF's Q4_1). Its activations go in as
-  bfloat16: that is the kernel's vectorized path; with float32 it falls back to a scalar loop
-  40-120x slower (2.5 ms against 0.06 ms for one 576x1536 row, 1.3 s against 11 ms for 512).
-  On CUDA torch's tiled int4 layout needs its own packing; the server refuses `int4` there at
-  start-up rather than serving untested numerics.
+- `int4` on a CPU: 4-bit codes in groups of 32 inputs with a scale and a minimum per group
+  (asymmetric, GGUF's Q4_1 block), read by the same C step and widened per call elsewhere, as
+  int8. torch's own `_weight_int4pack_mm_for_cpu` was the first int4 path here: it takes its
+  activations in bfloat16 (with float32 it is a scalar loop 40-120x slower), so its outputs
+  carried bfloat16 rounding, and it ran only eager. On CUDA no int4 kernel is wired; the server
+  refuses `int4` there at start-up rather than serving untested numerics.
 
 Embeddings, norms and the relative-attention projections stay float: they are a lookup or a small
 share of the arithmetic. A tied output head gets its own packed copy (the embedding lookup keeps
@@ -40,7 +40,6 @@ from service.model.transformer import Transformer
 
 INT8_GROUP = 32  # input channels sharing one int8 scale on a CPU, as in GGUF's Q8_0 blocks
 INT4_GROUP = 32  # input channels sharing one scale and zero point, as in GGUF's Q4 blocks
-INT4_OUTPUT_TILE = 16  # the int4 packing's unit along the outputs
 
 
 class WeightsError(ValueError):
@@ -103,37 +102,51 @@ def _grouped(matrix: Tensor, group: int) -> Tensor:
 
 
 class Int4Linear(nn.Module):
-    """`F.linear` with 4-bit weights in groups of `INT4_GROUP` inputs (scale and zero per group)."""
+    """`F.linear` with 4-bit weights: codes 0..15 with a scale and a minimum per output and group
+    of `INT4_GROUP` inputs (GGUF's Q4_1 block): W[n, k] = code * scale + minimum. Codes are kept
+    two to a byte ([N, K / 2], the even input in the low nibble)."""
 
-    packed: Tensor
-    scales_and_zeros: Tensor  # [K / G, N, 2] bfloat16
+    nibbles: Tensor  # [N, K / 2] uint8
+    scales: Tensor  # [N, K / G] float32
+    minimums: Tensor  # [N, K / G] float32
     bias: Tensor | None
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, codes: Tensor, scales: Tensor, minimums: Tensor, bias: Tensor | None) -> None:
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        # The packing takes outputs in tiles of 16; a vocabulary such as 258 gets zero rows, cut off.
-        padded = -(-self.out_features // INT4_OUTPUT_TILE) * INT4_OUTPUT_TILE
-        weight = nn.functional.pad(linear.weight.detach().float(), (0, 0, 0, padded - self.out_features))
-        groups = weight.view(padded, -1, INT4_GROUP)  # [N, K / G, G]
+        self.out_features, self.in_features = codes.shape
+        groups = (self.out_features, self.in_features // INT4_GROUP)
+        if self.in_features % INT4_GROUP or scales.shape != groups or minimums.shape != groups:
+            raise WeightsError(
+                f"4-bit codes {tuple(codes.shape)} need scales per group of {INT4_GROUP} inputs"
+            )
+        pairs = codes.to(torch.uint8).view(self.out_features, -1, 2)
+        self.register_buffer("nibbles", (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous())
+        self.register_buffer("scales", scales.float().contiguous())
+        self.register_buffer("minimums", minimums.float().contiguous())
+        self.register_buffer("bias", bias.detach().float() if bias is not None else None)
+
+    @classmethod
+    def quantize(cls, linear: nn.Linear) -> Int4Linear:
+        """Asymmetric codes: each group's range [min, max] in 15 steps."""
+        weight = linear.weight.detach().float()
+        groups = weight.view(weight.shape[0], -1, INT4_GROUP)  # [N, K / G, G]
         low, high = groups.amin(dim=-1), groups.amax(dim=-1)
         scales = ((high - low) / 15.0).clamp(min=1e-8)
         codes = torch.round((groups - low[..., None]) / scales[..., None]).clamp(0, 15)
-        codes = codes.to(torch.int32).view(padded, self.in_features)
-        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(codes, 1))
-        # The kernel reads code c of a group as (c - 8) * scale + zero: zero = low + 8 * scale.
-        scales_and_zeros = torch.stack([scales, low + 8 * scales], dim=-1).transpose(0, 1)  # [K / G, N, 2]
-        self.register_buffer("scales_and_zeros", scales_and_zeros.to(torch.bfloat16).contiguous())
-        self.register_buffer("bias", linear.bias.detach().float() if linear.bias is not None else None)
+        return cls(codes.view_as(weight), scales, low, linear.bias)
+
+    def codes(self) -> Tensor:
+        """[N, K] uint8, 0..15."""
+        return torch.stack([self.nibbles & 15, self.nibbles >> 4], dim=-1).view(self.out_features, -1)
+
+    def dequantized(self) -> Tensor:
+        """The float weight [N, K] the codes stand for."""
+        groups = self.codes().float().view(self.out_features, -1, INT4_GROUP)
+        return (groups * self.scales[..., None] + self.minimums[..., None]).view(self.out_features, -1)
 
     def forward(self, x: Tensor) -> Tensor:  # [..., K] -> [..., N]
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, INT4_GROUP, self.scales_and_zeros)
-        out = out[:, : self.out_features].float()
-        if self.bias is not None:
-            out = out + self.bias
-        result: Tensor = out.to(x.dtype).view(*x.shape[:-1], self.out_features)
-        return result
+        bias = self.bias.to(x.dtype) if self.bias is not None else None
+        return F.linear(x, self.dequantized().to(x.dtype), bias)
 
 
 def quantize_weights(model: Transformer, weights: str) -> Transformer:
@@ -173,7 +186,10 @@ def weights_of(model: nn.Module) -> str:
     return "float"
 
 
-_PACKERS: dict[str, Callable[[nn.Linear], nn.Module]] = {"int8": Int8Linear.quantize, "int4": Int4Linear}
+_PACKERS: dict[str, Callable[[nn.Linear], nn.Module]] = {
+    "int8": Int8Linear.quantize,
+    "int4": Int4Linear.quantize,
+}
 _CLASSES: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int4Linear}
 # What `--weights` accepts (`service.settings.Weights` spells the same names for the CLI).
 WEIGHT_FORMATS: tuple[str, ...] = ("float", *_PACKERS)

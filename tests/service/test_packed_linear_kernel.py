@@ -1,11 +1,11 @@
-"""The C product kernel against `F.linear` on the unpacked weight, float32 and int8 panels.
+"""The C product kernel against `F.linear` on the unpacked weight, in each panel format.
 
 Row counts cover a lone row, every remainder of the kernel's 8-row tiles and more than one tile;
 output widths cover whole panels of 32 and a last partial one (a zoo vocabulary of 258); input
-widths cover whole int8 groups of 32 and a last partial one; inputs are strided rows (slices of a
-wider tensor), as the step's projections hand over. Int8 panels are checked against `F.linear`
-on the weight their codes stand for (`Int8Linear.dequantized`), so the kernel's own error is
-float rounding, whatever the quantization costs.
+widths cover whole groups of 32 and a last partial one (int8; int4 takes whole groups only);
+inputs are strided rows (slices of a wider tensor), as the step's projections hand over. Packed
+panels are checked against `F.linear` on the weight their codes stand for (`dequantized`), so the
+kernel's own error is float rounding, whatever the quantization costs.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from service.model.kernels import packed_linear as kernel
-from service.model.kernels.packed_linear import Panels, pack_int8, pack_weight, packed_linear
-from service.model.quantized import Int8Linear
+from service.model.kernels.packed_linear import Panels, pack_int4, pack_int8, pack_weight, packed_linear
+from service.model.quantized import Int4Linear, Int8Linear
 from tests.kernels import require_kernel, torch_threads
 
 
@@ -26,6 +26,13 @@ def _kernel() -> None:
 
 
 SHAPES = [(576, 192), (258, 192), (7, 5), (33, 512)]  # (out_features, in_features)
+# 4-bit panels take whole groups of 32 inputs only.
+FORMAT_SHAPES = [
+    (fmt, *shape)
+    for fmt in ("float32", "int8", "int4")
+    for shape in SHAPES
+    if fmt != "int4" or shape[1] % 32 == 0
+]
 
 
 def weights(out_features: int, in_features: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,19 +41,26 @@ def weights(out_features: int, in_features: int, seed: int = 0) -> tuple[torch.T
     return weight, torch.randn(out_features, generator=generator)
 
 
-def int8_layer(weight: torch.Tensor) -> Int8Linear:
-    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+def linear(weight: torch.Tensor) -> torch.nn.Linear:
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     with torch.no_grad():
-        linear.weight.copy_(weight)
-    return Int8Linear.quantize(linear)
+        layer.weight.copy_(weight)
+    return layer
+
+
+def int8_layer(weight: torch.Tensor) -> Int8Linear:
+    return Int8Linear.quantize(linear(weight))
 
 
 def packed(weight: torch.Tensor, fmt: str) -> tuple[Panels, torch.Tensor]:
     """The panels in format `fmt` and the float weight they stand for."""
     if fmt == "float32":
         return pack_weight(weight), weight
-    layer = int8_layer(weight)
-    return pack_int8(layer.codes, layer.scales), layer.dequantized()
+    if fmt == "int8":
+        layer = int8_layer(weight)
+        return pack_int8(layer.codes, layer.scales), layer.dequantized()
+    int4 = Int4Linear.quantize(linear(weight))
+    return pack_int4(int4.codes(), int4.scales, int4.minimums), int4.dequantized()
 
 
 def unpanel(panels: torch.Tensor, rows: int) -> torch.Tensor:
@@ -79,10 +93,9 @@ def test_int8_packing_keeps_the_codes_and_their_group_scales(out_features: int, 
     assert ((layer.dequantized() - weight).abs() <= steps / 2 + 1e-6).all()
 
 
-@pytest.mark.parametrize("fmt", ["float32", "int8"])
 @pytest.mark.parametrize("threads", [1, 2], ids=["1-thread", "2-threads"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["plain", "bias"])
-@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
+@pytest.mark.parametrize(("fmt", "out_features", "in_features"), FORMAT_SHAPES)
 @pytest.mark.parametrize("rows", [1, 3, 8, 13, 16, 64])
 def test_the_kernel_equals_f_linear(
     rows: int, out_features: int, in_features: int, with_bias: bool, threads: int, fmt: str
@@ -106,11 +119,24 @@ def test_a_weight_that_was_not_packed_is_refused() -> None:
         packed_linear(torch.randn(2, 31), pack_weight(weight), None, 64)
 
 
+@pytest.mark.parametrize(("out_features", "in_features"), [(576, 192), (33, 512)])
+def test_int4_packing_puts_two_panel_columns_in_a_byte(out_features: int, in_features: int) -> None:
+    weight, _ = weights(out_features, in_features)
+    layer = Int4Linear.quantize(linear(weight))
+    values, scales = pack_int4(layer.codes(), layer.scales, layer.minimums)
+    assert values.dtype == torch.uint8 and values.shape == (-(-out_features // 32), in_features, 16)
+    codes = torch.cat([values & 15, values >> 4], dim=2)  # [P, K, 32]: columns 0..15, then 16..31
+    assert torch.equal(unpanel(codes, out_features), layer.codes())
+    assert scales is not None and scales.shape == (values.shape[0], in_features // 32, 2, 32)
+    assert torch.equal(unpanel(scales[:, :, 0], out_features), layer.scales)
+    assert torch.equal(unpanel(scales[:, :, 1], out_features), layer.minimums)
+
+
 def test_int8_panels_without_their_scales_are_refused() -> None:
     weight, _ = weights(64, 32)
     values, scales = packed(weight, "int8")[0]
-    with pytest.raises(ValueError, match="scales per group"):
+    with pytest.raises(ValueError, match="need float32 scales"):
         packed_linear(torch.randn(2, 32), Panels(values, None), None, 64)
     assert scales is not None
-    with pytest.raises(ValueError, match="scales per group"):
+    with pytest.raises(ValueError, match="need float32 scales"):
         packed_linear(torch.randn(2, 32), Panels(values, scales[:, :0]), None, 64)

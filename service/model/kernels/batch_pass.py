@@ -25,7 +25,7 @@ from service.model.kernels.paged_attention import MAX_HEAD_DIM, check_rows
 
 _SOURCE = Path(__file__).with_name("batch_pass.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_PASS_ARGUMENTS = (_P,) * 14 + (_I,) * 13 + (ctypes.c_float,)
+_PASS_ARGUMENTS = (_P,) * 14 + (_I,) * 14 + (ctypes.c_float,)
 _WORKSPACE_ARGUMENTS = (_I,) * 7
 
 
@@ -46,8 +46,8 @@ def _workspace_floats() -> Any:
 
 
 class CLayer(NamedTuple):
-    """One layer's weights for the C step; matrices as `packed_linear.pack_weight` or `pack_int8`
-    laid them out (every matrix of a model in one format or mixed: each carries its own)."""
+    """One layer's weights for the C step; matrices as `packed_linear.pack_weight`, `pack_int8` or
+    `pack_int4` laid them out, every matrix of a model in one format."""
 
     attn_norm: Tensor  # [D]
     qkv: Panels  # N = (H + 2 Hkv) hd
@@ -56,6 +56,9 @@ class CLayer(NamedTuple):
     mlp_norm: Tensor  # [D]
     gate_up: Panels  # N = 2 F
     down: Panels  # N = D
+
+    def matrices(self) -> tuple[Panels, ...]:
+        return self.qkv, self.o_proj, self.gate_up, self.down
 
     def pointers(self) -> list[Tensor | None]:
         """The layer's entry in the C step's table, in `batch_pass.c`'s order."""
@@ -76,9 +79,13 @@ class BatchPass:
         value_pages: Sequence[Tensor],
     ) -> None:
         for index, layer in enumerate(layers):
-            for name in ("qkv", "o_proj", "gate_up", "down"):
-                check_panels(getattr(layer, name), f"layers[{index}].{name}")
+            for name, matrix in zip(("qkv", "o_proj", "gate_up", "down"), layer.matrices(), strict=True):
+                check_panels(matrix, f"layers[{index}].{name}")
         check_panels(lm_head, "lm_head")
+        formats = {matrix.format for layer in layers for matrix in layer.matrices()} | {lm_head.format}
+        if len(formats) != 1:
+            raise ValueError(f"the step's matrices must share one format, not {sorted(formats)}")
+        [self._format] = formats
         floats = [tensor for layer in layers for tensor in (layer.attn_norm, layer.qkv_bias, layer.mlp_norm)]
         floats += [final_norm, *key_pages, *value_pages]
         for tensor in floats:
@@ -162,6 +169,7 @@ class BatchPass:
             self._num_blocks,
             self._block_size,
             blocks_per_row,
+            self._format,
             config.norm_eps,
         )
         return out if logits else hidden

@@ -8,11 +8,17 @@
  * is read once, front to back, and stays in L1 while every tile of up to 8 rows consumes it; each
  * tile keeps its 8 x 32 sums in registers and broadcasts one input at a time.
  *
- * Panels hold float32 weights, or int8 codes (`--weights int8`) with one float32 scale per output
- * column and group of `GROUP` inputs, [ceil(N / 32), ceil(K / GROUP), 32] (GGUF's Q8_0 block):
- * W[n, k] = code * scale. A decode pass reads every weight once per step, so it is bound by the
- * bytes it reads; codes are a quarter of them. Each panel row is widened and scaled once and then
- * serves every row of the tile, so the products' arithmetic is the float kernel's.
+ * Panels hold one of three formats (`format`, one per call):
+ * - FLOAT_PANELS: float32 weights;
+ * - INT8_PANELS (`--weights int8`): int8 codes with one float32 scale per output column and group
+ *   of `GROUP` inputs, scales [ceil(N / 32), ceil(K / GROUP), 32] (GGUF's Q8_0 block):
+ *   W[n, k] = code * scale;
+ * - INT4_PANELS (`--weights int4`): 4-bit codes, a panel row's 32 in 16 bytes (column c in the low
+ *   nibble of byte c, column c + 16 in its high nibble), with a scale and a minimum per column and
+ *   group, scales [ceil(N / 32), K / GROUP, 2, 32] (GGUF's Q4_1 block): W[n, k] = code * scale + min.
+ * A decode pass reads every weight once per step, so it is bound by the bytes it reads; codes are
+ * a quarter or an eighth of them. Each panel row is widened and scaled once and then serves every
+ * row of the tile, so the products' arithmetic is the float kernel's.
  *
  * Layouts (float32): x rows `x_row_stride` floats apart, contiguous within a row; out [M, N]
  * contiguous; bias [N] or NULL.
@@ -30,7 +36,9 @@
 
 #define PANEL 32
 #define TILE_ROWS 8
-#define GROUP 32 /* inputs sharing one int8 scale */
+#define GROUP 32 /* inputs sharing one scale (and minimum) */
+
+enum { FLOAT_PANELS, INT8_PANELS, INT4_PANELS };
 
 /* One panel row times `rows` inputs (column k of x), into the sums. */
 static inline __attribute__((always_inline)) void accumulate(const float *restrict x, int64_t x_row_stride, int64_t k,
@@ -43,43 +51,56 @@ static inline __attribute__((always_inline)) void accumulate(const float *restri
     }
 }
 
-/* `rows` (1..8) rows times one panel; a constant `rows` and `quantized` after inlining, so the
+/* `rows` (1..8) rows times one panel; a constant `rows` and `format` after inlining, so the
  * sums stay in registers. `bias` holds the panel's 32 entries (zeros where there is none);
- * `scales` the panel's [groups, 32] scales when `quantized`. */
+ * `scales` the panel's scales (and minimums) per group for the packed formats. */
 static inline __attribute__((always_inline)) void tile(const float *restrict x, int64_t x_row_stride,
                                                        const void *restrict panel, const float *restrict scales,
                                                        int64_t k_size, const float *restrict bias, int rows,
-                                                       int quantized, vec16 sums[TILE_ROWS][2]) {
+                                                       int format, vec16 sums[TILE_ROWS][2]) {
     vec16 low = load16(bias), high = load16(bias + 16);
     for (int r = 0; r < rows; r++) {
         sums[r][0] = low;
         sums[r][1] = high;
     }
-    if (!quantized) {
+    if (format == FLOAT_PANELS) {
         const float *weights = panel;
         for (int64_t k = 0; k < k_size; k++)
             accumulate(x, x_row_stride, k, load16(weights + k * PANEL), load16(weights + k * PANEL + 16), rows, sums);
-        return;
-    }
-    const signed char *codes = panel;
-    for (int64_t start = 0; start < k_size; start += GROUP) {
-        const float *group_scales = scales + (start / GROUP) * PANEL;
-        vec16 scale_low = load16(group_scales), scale_high = load16(group_scales + 16);
-        int64_t end = start + GROUP < k_size ? start + GROUP : k_size;
-        for (int64_t k = start; k < end; k++) {
-            vec16 w_low = load16_int8(codes + k * PANEL) * scale_low;
-            vec16 w_high = load16_int8(codes + k * PANEL + 16) * scale_high;
-            accumulate(x, x_row_stride, k, w_low, w_high, rows, sums);
+    } else if (format == INT8_PANELS) {
+        const signed char *codes = panel;
+        for (int64_t start = 0; start < k_size; start += GROUP) {
+            const float *group = scales + (start / GROUP) * PANEL;
+            vec16 scale_low = load16(group), scale_high = load16(group + 16);
+            int64_t end = start + GROUP < k_size ? start + GROUP : k_size;
+            for (int64_t k = start; k < end; k++) {
+                vec16 w_low = load16_int8(codes + k * PANEL) * scale_low;
+                vec16 w_high = load16_int8(codes + k * PANEL + 16) * scale_high;
+                accumulate(x, x_row_stride, k, w_low, w_high, rows, sums);
+            }
+        }
+    } else { /* INT4_PANELS: K is a whole number of groups */
+        const unsigned char *codes = panel;
+        for (int64_t start = 0; start < k_size; start += GROUP) {
+            const float *group = scales + (start / GROUP) * 2 * PANEL;
+            vec16 scale_low = load16(group), scale_high = load16(group + 16);
+            vec16 min_low = load16(group + PANEL), min_high = load16(group + PANEL + 16);
+            for (int64_t k = start; k < start + GROUP; k++) {
+                vec16 w_low, w_high;
+                load32_uint4(codes + k * (PANEL / 2), &w_low, &w_high);
+                accumulate(x, x_row_stride, k, w_low * scale_low + min_low, w_high * scale_high + min_high, rows,
+                           sums);
+            }
         }
     }
 }
 
 static inline __attribute__((always_inline)) void tile_rows(const float *x, int64_t x_row_stride, const void *panel,
                                                             const float *scales, int64_t k_size,
-                                                            const float *bias, int rows, int quantized, float *out,
+                                                            const float *bias, int rows, int format, float *out,
                                                             int64_t n_size, int64_t columns) {
     vec16 sums[TILE_ROWS][2];
-    tile(x, x_row_stride, panel, scales, k_size, bias, rows, quantized, sums);
+    tile(x, x_row_stride, panel, scales, k_size, bias, rows, format, sums);
     for (int r = 0; r < rows; r++) {
         if (columns == PANEL) {
             store16(out + r * n_size, sums[r][0]);
@@ -96,17 +117,17 @@ static inline __attribute__((always_inline)) void tile_rows(const float *x, int6
 /* One panel for all M rows: whole tiles of 8, then the rest. */
 static inline __attribute__((always_inline)) void panel_rows(const float *x, int64_t x_row_stride, const void *panel,
                                                              const float *scales, const float *bias,
-                                                             int quantized, float *out, int64_t m_size,
+                                                             int format, float *out, int64_t m_size,
                                                              int64_t k_size, int64_t n_size, int64_t columns) {
     int64_t m = 0;
     for (; m + TILE_ROWS <= m_size; m += TILE_ROWS)
-        tile_rows(x + m * x_row_stride, x_row_stride, panel, scales, k_size, bias, TILE_ROWS, quantized,
+        tile_rows(x + m * x_row_stride, x_row_stride, panel, scales, k_size, bias, TILE_ROWS, format,
                   out + m * n_size, n_size, columns);
     const float *rest_x = x + m * x_row_stride;
     float *rest_out = out + m * n_size;
 #define REST(ROWS)                                                                                                  \
     case ROWS:                                                                                                      \
-        tile_rows(rest_x, x_row_stride, panel, scales, k_size, bias, ROWS, quantized, rest_out, n_size, columns); \
+        tile_rows(rest_x, x_row_stride, panel, scales, k_size, bias, ROWS, format, rest_out, n_size, columns);    \
         break
     switch (m_size - m) { /* one case per count so that each inlines with a constant row count */
         REST(1); REST(2); REST(3); REST(4); REST(5); REST(6); REST(7);
@@ -118,7 +139,8 @@ static inline __attribute__((always_inline)) void panel_rows(const float *x, int
 /* Every thread of the running team calls this; each computes its share of the panels, and all
  * wait at the end for the whole product. `scales` is NULL for float32 panels. */
 static void packed_linear_shared(const float *x, int64_t x_row_stride, const void *packed, const float *scales,
-                                 const float *bias, float *out, int64_t m_size, int64_t k_size, int64_t n_size) {
+                                 int format, const float *bias, float *out, int64_t m_size, int64_t k_size,
+                                 int64_t n_size) {
     int64_t panels = (n_size + PANEL - 1) / PANEL, groups = (k_size + GROUP - 1) / GROUP;
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < panels; p++) {
@@ -127,17 +149,22 @@ static void packed_linear_shared(const float *x, int64_t x_row_stride, const voi
         int64_t columns = n_size - n < PANEL ? n_size - n : PANEL;
         memset(panel_bias, 0, sizeof panel_bias);
         if (bias) memcpy(panel_bias, bias + n, (size_t)columns * sizeof(float));
-        if (scales)
+        /* One call per format, each inlined with its constant. */
+        if (format == INT8_PANELS)
             panel_rows(x, x_row_stride, (const signed char *)packed + n * k_size, scales + p * groups * PANEL,
-                       panel_bias, 1, out + n, m_size, k_size, n_size, columns);
+                       panel_bias, INT8_PANELS, out + n, m_size, k_size, n_size, columns);
+        else if (format == INT4_PANELS)
+            panel_rows(x, x_row_stride, (const unsigned char *)packed + n * k_size / 2,
+                       scales + p * groups * 2 * PANEL, panel_bias, INT4_PANELS, out + n, m_size, k_size, n_size,
+                       columns);
         else
-            panel_rows(x, x_row_stride, (const float *)packed + n * k_size, NULL, panel_bias, 0, out + n, m_size,
-                       k_size, n_size, columns);
+            panel_rows(x, x_row_stride, (const float *)packed + n * k_size, NULL, panel_bias, FLOAT_PANELS, out + n,
+                       m_size, k_size, n_size, columns);
     }
 }
 
-void packed_linear(const float *x, int64_t x_row_stride, const void *packed, const float *scales, const float *bias,
-                   float *out, int64_t m_size, int64_t k_size, int64_t n_size) {
+void packed_linear(const float *x, int64_t x_row_stride, const void *packed, const float *scales, int64_t format,
+                   const float *bias, float *out, int64_t m_size, int64_t k_size, int64_t n_size) {
 #pragma omp parallel num_threads(kernel_thread_count)
-    packed_linear_shared(x, x_row_stride, packed, scales, bias, out, m_size, k_size, n_size);
+    packed_linear_shared(x, x_row_stride, packed, scales, (int)format, bias, out, m_size, k_size, n_size);
 }

@@ -3,8 +3,9 @@
 At a batch of 2 to 64 rows, the BLAS call behind `F.linear` repacks the weight on every call;
 with a model's weights in L3 rather than L2 (a whole step's worth), a zoo model's products took
 1.7 ms of a batch of 16's step where the arithmetic needs about 0.6 (side by side on two cores).
-Here the weight is packed once (`pack_weight`, or `pack_int8` for int8 codes and their group
-scales) into panels of 32 output columns that the kernel reads front to back (`packed_linear.c`).
+Here the weight is packed once (`pack_weight`; `pack_int8` and `pack_int4` for codes and their
+group scales) into panels of 32 output columns that the kernel reads front to back
+(`packed_linear.c`).
 """
 
 from __future__ import annotations
@@ -21,18 +22,30 @@ from service.model.kernels.build import kernel_function, use_threads
 
 _SOURCE = Path(__file__).with_name("packed_linear.c")
 PANEL = 32
-GROUP = 32  # inputs sharing one int8 scale (GGUF's Q8_0 block), `GROUP` in the C source
+GROUP = 32  # inputs sharing one scale (and minimum), as in GGUF's blocks; `GROUP` in the C source
 _POINTER, _SIZE = ctypes.c_void_p, ctypes.c_int64
-_ARGUMENTS = (_POINTER, _SIZE, _POINTER, _POINTER, _POINTER, _POINTER, _SIZE, _SIZE, _SIZE)
+_ARGUMENTS = (_POINTER, _SIZE, _POINTER, _POINTER, _SIZE, _POINTER, _POINTER, _SIZE, _SIZE, _SIZE)
+# The C source's panel formats (`FLOAT_PANELS`, `INT8_PANELS`, `INT4_PANELS`), by the values' dtype.
+FORMATS = {torch.float32: 0, torch.int8: 1, torch.uint8: 2}
 
 
 class Panels(NamedTuple):
-    """A [N, K] matrix as the kernel reads it: `values` [ceil(N / 32), K, 32], float32 weights, or
-    int8 codes with `scales` [ceil(N / 32), ceil(K / GROUP), 32] float32, W[n, k] = code * scale
-    of (n, k's group). Columns past N are zero."""
+    """A [N, K] matrix as the kernel reads it, columns past N zero, in one of three formats:
+
+    - `values` float32 [ceil(N / 32), K, 32], `scales` None;
+    - `values` int8 codes [ceil(N / 32), K, 32], `scales` [ceil(N / 32), ceil(K / GROUP), 32]:
+      W[n, k] = code * scale of (n, k's group);
+    - `values` uint8 [ceil(N / 32), K, 16], two 4-bit codes a byte (columns c and c + 16 of the
+      panel in the low and high nibble of byte c), `scales` [ceil(N / 32), K / GROUP, 2, 32]
+      (scales, then minimums): W[n, k] = code * scale + minimum.
+    """
 
     values: Tensor
     scales: Tensor | None
+
+    @property
+    def format(self) -> int:
+        return FORMATS[self.values.dtype]
 
     @property
     def in_features(self) -> int:
@@ -65,6 +78,18 @@ def pack_int8(codes: Tensor, scales: Tensor) -> Panels:
     return Panels(_panels(codes), _panels(scales.float()))
 
 
+def pack_int4(codes: Tensor, scales: Tensor, minimums: Tensor) -> Panels:
+    """4-bit panels of `codes` [N, K] (0..15, uint8) with `scales` and `minimums` [N, K / GROUP]."""
+    out_features, in_features = codes.shape
+    groups = (out_features, in_features // GROUP)
+    if in_features % GROUP or scales.shape != groups or minimums.shape != groups:
+        raise ValueError(f"4-bit codes [N, K] need K a multiple of {GROUP} and [N, K / {GROUP}] scales")
+    values = _panels(codes.to(torch.uint8))  # [P, K, 32]
+    nibbles = values[..., :16] | (values[..., 16:] << 4)  # [P, K, 16]
+    per_group = torch.stack([_panels(scales.float()), _panels(minimums.float())], dim=2)  # [P, G, 2, 32]
+    return Panels(nibbles.contiguous(), per_group.contiguous())
+
+
 def _panels(matrix: Tensor) -> Tensor:
     """[ceil(N / 32), K, 32] from [N, K]: column n of panel p is row 32 p + n, zero past N."""
     rows, width = matrix.shape
@@ -74,17 +99,25 @@ def _panels(matrix: Tensor) -> Tensor:
 
 
 def check_panels(panels: Panels, name: str) -> None:
-    """Refuse what the kernel cannot read: a wrong dtype, a non-contiguous tensor, missing scales."""
+    """Refuse what the kernel cannot read: a wrong dtype or shape, a non-contiguous tensor."""
     values, scales = panels
-    if values.dim() != 3 or values.shape[2] != PANEL or not values.is_contiguous():
-        raise ValueError(f"{name} must be panels from pack_weight or pack_int8")
-    groups = -(-values.shape[1] // GROUP)
-    if values.dtype == torch.float32 and scales is None:
-        return
-    expected = (values.shape[0], groups, PANEL)
-    if values.dtype == torch.int8 and scales is not None and _is_float32(scales) and scales.shape == expected:
-        return
-    raise ValueError(f"{name} must be float32 panels, or int8 panels with float32 scales per group")
+    width = 16 if values.dtype == torch.uint8 else PANEL
+    if (
+        values.dtype not in FORMATS
+        or values.dim() != 3
+        or values.shape[2] != width
+        or not values.is_contiguous()
+    ):
+        raise ValueError(f"{name} must be panels from pack_weight, pack_int8 or pack_int4")
+    panel_count, in_features = values.shape[:2]
+    expected = {
+        torch.float32: None,
+        torch.int8: (panel_count, -(-in_features // GROUP), PANEL),
+        torch.uint8: (panel_count, in_features // GROUP, 2, PANEL) if in_features % GROUP == 0 else (),
+    }[values.dtype]
+    found = tuple(scales.shape) if scales is not None and _is_float32(scales) else None
+    if found != expected:
+        raise ValueError(f"{name}: {values.dtype} panels need float32 scales of {expected}, not {found}")
 
 
 def _is_float32(tensor: Tensor) -> bool:
@@ -92,14 +125,14 @@ def _is_float32(tensor: Tensor) -> bool:
 
 
 def packed_linear(input: Tensor, packed_weight: Panels, bias: Tensor | None, out_features: int) -> Tensor:
-    """float32 [..., N]: `F.linear(input, weight, bias)` with the weight as `pack_weight` or
-    `pack_int8` packed it. CPU only; `available()` says whether it can run. The batch step
+    """float32 [..., N]: `F.linear(input, weight, bias)` with the weight as `pack_weight`,
+    `pack_int8` or `pack_int4` packed it. CPU only; `available()` says whether it can run. The batch step
     (`batch_pass.c`) calls the same C function; this binding is the kernel's own, for its tests."""
     kernel = _kernel()
     if kernel is None:
         raise RuntimeError("the packed linear kernel is not available on this machine")
     if not isinstance(packed_weight, Panels):
-        raise ValueError("packed_weight must come from pack_weight or pack_int8")
+        raise ValueError("packed_weight must come from pack_weight, pack_int8 or pack_int4")
     check_panels(packed_weight, "packed_weight")
     in_features = packed_weight.in_features
     if packed_weight.max_out_features < out_features:
@@ -120,6 +153,7 @@ def packed_linear(input: Tensor, packed_weight: Panels, bias: Tensor | None, out
         rows.stride(0),
         values.data_ptr(),
         scales.data_ptr() if scales is not None else None,
+        packed_weight.format,
         bias.data_ptr() if bias is not None else None,
         out.data_ptr(),
         rows.shape[0],
