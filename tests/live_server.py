@@ -77,6 +77,16 @@ class LiveServer:
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def engine_pid(self) -> int:
+        """The engine process: the server's child started by multiprocessing's spawn (its resource
+        tracker is another child)."""
+        tasks = Path(f"/proc/{self.process.pid}/task")
+        children = {int(pid) for task in tasks.iterdir() for pid in (task / "children").read_text().split()}
+        engines = [pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        if len(engines) != 1:
+            raise RuntimeError(f"expected one engine process among the server's children {children}")
+        return engines[0]
+
     def send_signal(self, sig: int = signal.SIGTERM) -> None:
         self.process.send_signal(sig)
 

@@ -7,7 +7,9 @@ loop wakes once per engine step, not once per token per request.
 
 If the engine process dies, every request in flight fails at once with a 503-class error, the
 engine reports itself unhealthy (so `/readyz` turns 503), and the client starts a new engine
-process; `/readyz` is 200 again once it has loaded. More than `MAX_RESTARTS` deaths within
+process. "At once" is as soon as the process begins to exit (`ExitWatch`, within tens of
+milliseconds), not when its pipe closes, which waits for the kernel to free its memory.
+`/readyz` is 200 again once the new one has loaded. More than `MAX_RESTARTS` deaths within
 `RESTART_WINDOW_S`, or a failed reload, and the engine is lost: the server then exits non-zero
 and leaves the restart to its supervisor (Kubernetes, compose, systemd).
 """
@@ -28,6 +30,7 @@ from service.engine.catalog import ModelCatalog
 from service.engine.config import EngineConfig
 from service.engine.core import Job
 from service.engine.errors import EngineUnavailableError, ModelLoadError
+from service.engine.exit_watch import ExitWatch
 from service.engine.frontend import EngineFrontend
 from service.engine.models import ModelSpec
 from service.engine.process import engine_main
@@ -61,6 +64,7 @@ class EngineClient(EngineFrontend):
         self._nonces = itertools.count()
         self._reader = threading.Thread(target=self._read, name="pe-serve-engine-reader", daemon=True)
         self._reader.start()
+        self._watch = self._watched(process)
 
     def healthy(self) -> bool:
         return self._available.is_set() and not self._lost and not self._stopping
@@ -73,6 +77,7 @@ class EngineClient(EngineFrontend):
 
     def shutdown(self) -> None:
         self._stopping = True
+        self._watch.stop()
         with contextlib.suppress(OSError, EOFError):
             self._post(("shutdown",))
         self._process.join(_STOP_TIMEOUT_S)
@@ -128,17 +133,26 @@ class EngineClient(EngineFrontend):
                     waiter[1].append(message[2])
                     waiter[0].set()
 
+    def _watched(self, process: BaseProcess) -> ExitWatch:
+        return ExitWatch(process.pid or 0, lambda: self._dying(process))
+
+    def _dying(self, process: BaseProcess) -> None:
+        """The engine process began to exit (`ExitWatch`): refuse new work and fail what was in
+        flight now, without waiting for the kernel to free its memory and close its pipe."""
+        if self._stopping or process is not self._process:
+            return
+        self._available.clear()
+        logger.error("the engine process is exiting", extra={"pid": process.pid})
+        self._fail_outstanding(_died())
+
     def _restart(self) -> bool:
         """The engine process died: fail what was in flight, then start a new one if allowed."""
         self._available.clear()
+        self._watch.stop()
         self._process.join(1.0)
         code = self._process.exitcode
         logger.error("the engine process died", extra={"exit_code": code})
-        self._fail_outstanding(
-            EngineUnavailableError(
-                f"the engine process stopped unexpectedly (exit code {code}); retry the request"
-            )
-        )
+        self._fail_outstanding(_died(code))
         now = time.monotonic()
         self._deaths.append(now)
         while self._deaths and now - self._deaths[0] > RESTART_WINDOW_S:
@@ -155,9 +169,15 @@ class EngineClient(EngineFrontend):
             return False
         with self._send_lock:
             self._process, self._connection = process, connection
+        self._watch = self._watched(process)
         self._available.set()
         logger.info("the engine process was restarted", extra={"pid": process.pid})
         return True
+
+
+def _died(exit_code: int | None = None) -> EngineUnavailableError:
+    code = "" if exit_code is None else f" (exit code {exit_code})"
+    return EngineUnavailableError(f"the engine process stopped unexpectedly{code}; retry the request")
 
 
 def _spawn(config: EngineConfig) -> tuple[BaseProcess, Connection, list[ModelSpec]]:

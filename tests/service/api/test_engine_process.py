@@ -17,21 +17,12 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.live_server import LiveServer, live_server
+from tests.live_server import live_server
 from tests.service.api.conftest import BASE_OPTIONS, SERVER_ENV
 from tests.service.api.helpers import assert_error_shape, wait_for
 
 LONG_CONTEXT = 4096
 STREAM = {"prompt": "a", "max_new_tokens": 3000, "temperature": 0, "stream": True}
-
-
-def engine_pid(server: LiveServer) -> int:
-    """The server's child started by multiprocessing's spawn (its resource tracker is another child)."""
-    tasks = Path(f"/proc/{server.process.pid}/task")
-    children = {int(pid) for task in tasks.iterdir() for pid in (task / "children").read_text().split()}
-    engines = [pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-    assert len(engines) == 1, children
-    return engines[0]
 
 
 def grpc_health(target: str) -> int:
@@ -58,7 +49,7 @@ def test_a_killed_engine_fails_its_requests_at_once_and_is_restarted(tiny_zoo: l
         live_server(tiny_zoo[:1], options=options, env=SERVER_ENV) as server,
         httpx.Client(base_url=server.base_url, timeout=60.0) as client,
     ):
-        first_engine = engine_pid(server)
+        first_engine = server.engine_pid()
         started = threading.Event()
         streamed: list[list[dict[str, object]]] = []
         reader = threading.Thread(target=lambda: streamed.append(first_event_then_the_rest(client, started)))
@@ -79,7 +70,7 @@ def test_a_killed_engine_fails_its_requests_at_once_and_is_restarted(tiny_zoo: l
         assert "engine process stopped" in error["message"]
         wait_for(lambda: client.get("/readyz").status_code == 200, "the restarted engine", timeout=120)
         assert grpc_health(server.grpc_target) == health_pb2.HealthCheckResponse.SERVING
-        assert engine_pid(server) != first_engine
+        assert server.engine_pid() != first_engine
         again = client.post("/generate", json={"prompt": "a", "max_new_tokens": 4, "temperature": 0})
         assert again.status_code == 200, again.text
         assert again.json()["usage"]["completion_tokens"] == 4
@@ -90,7 +81,7 @@ def test_a_killed_engine_fails_its_requests_at_once_and_is_restarted(tiny_zoo: l
         assert server.process.poll() is None
         records = [json.loads(line) for line in server.logs().splitlines() if line.startswith("{")]
         frozen = [record for record in records if record.get("message") == "froze the start-up objects"]
-        pids = {server.process.pid, first_engine, engine_pid(server)}
+        pids = {server.process.pid, first_engine, server.engine_pid()}
         assert {record["pid"] for record in frozen} == pids, "the API process and both engines froze theirs"
         assert all(record["objects"] > 10_000 for record in frozen)
 
@@ -101,7 +92,7 @@ def test_an_engine_that_cannot_come_back_makes_the_server_exit_non_zero(
     checkpoint = shutil.copytree(tiny_zoo[0], tmp_path / tiny_zoo[0].name)
     with live_server([checkpoint], options=BASE_OPTIONS, env=SERVER_ENV) as server:
         shutil.rmtree(checkpoint)  # the restart cannot load it again
-        os.kill(engine_pid(server), signal.SIGKILL)
+        os.kill(server.engine_pid(), signal.SIGKILL)
         assert server.wait(timeout=120) == 1
         assert "the engine process could not be restarted" in server.logs()
 
