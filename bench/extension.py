@@ -1,0 +1,416 @@
+"""The context-extension lab's headline runs: scaling sweeps and passkey retrieval through a real server.
+
+Two parts, each against a `pe-serve` started with its default flags (the SmolLM2 one with
+`--max-context 16384`, as `make serve-smollm2`), driven by the SDK's own `pe_client.async_sweep`
+and `pe_client.async_passkey`:
+
+- `zoo`: every bundled model (native 256) on `pydoc_data/topics.py`, lengths 256..4096, every
+  scaling its scheme takes (GET /models) at x4 and x16, and a small passkey grid on zoo-rope;
+- `smollm2`: SmolLM2-135M-Instruct (native 8192) at 4k, 8k, 12k and 16k under none, linear x2,
+  ntk x2, dynamic x2, yarn x2 and llama3 x2; passkey at the same lengths, three depths, for none,
+  yarn and dynamic.
+
+Each part also times the batching gain: the same cells sent all at once (the sweep) against one
+after another, in the same run; the one-at-a-time cells are each a `/score` sent alone, so their
+largest difference from the sweep's cells is reported too.
+
+    python -m bench.extension --part zoo
+    nice -n 19 python -m bench.extension --part smollm2
+
+Each part writes `bench/results/extension-<part>.json` and its plots (PNG and SVG); the report
+`bench/results/extension.md` is rebuilt from whichever parts' JSON exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pe_client import (
+    AsyncPEClient,
+    LongRopeScaling,
+    PasskeyResult,
+    SweepResult,
+    async_passkey,
+    async_sweep,
+)
+from pe_client.corpora import corpus_text
+from pe_client.grid import ScalingSpec, label
+from pe_client.lab_output import plot_passkey, plot_sweep
+from pe_client.scaling import parse_scaling
+
+from tests.live_server import OptionValue, live_server
+
+RESULTS = Path(__file__).resolve().parent / "results"
+REPORT = RESULTS / "extension.md"
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = "pydoc-topics"
+# Scoring 16k tokens under six scalings at once on two cores takes many minutes per answer.
+LAB_TIMEOUT = httpx.Timeout(None, connect=10.0)
+PLOT_FORMATS = (".png", ".svg")
+
+ZOO_LENGTHS = (256, 512, 1024, 2048, 4096)
+ZOO_FACTORS = (4, 16)
+ZOO_PASSKEY_LENGTHS = (256, 1024, 4096)
+SMOLLM2_LENGTHS = (4096, 8192, 12288, 16384)
+SMOLLM2_NATIVE = 8192
+SMOLLM2_SCALINGS = (
+    "none",
+    "linear:factor=2",
+    "ntk:factor=2",
+    f"dynamic:factor=2,original_max_position_embeddings={SMOLLM2_NATIVE}",
+    f"yarn:factor=2,original_max_position_embeddings={SMOLLM2_NATIVE}",
+    f"llama3:factor=2,original_max_position_embeddings={SMOLLM2_NATIVE}",
+)
+SMOLLM2_PASSKEY_SCALINGS = (SMOLLM2_SCALINGS[0], SMOLLM2_SCALINGS[4], SMOLLM2_SCALINGS[3])
+DEPTHS = (0.1, 0.5, 0.9)
+
+
+def zoo_scalings(card_scalings: Sequence[str], head_dim: int) -> list[ScalingSpec]:
+    """Every scaling type the model takes, at each of ZOO_FACTORS; LongRoPE (lists, no SPEC form)
+    as uniform factors: 1 within the native context, the factor past it."""
+    factors = "|".join(map(str, ZOO_FACTORS))
+    specs: list[ScalingSpec] = []
+    for scaling_type in card_scalings:
+        if scaling_type == "none":
+            specs.append("none")
+        elif scaling_type == "longrope":
+            specs += [
+                LongRopeScaling(
+                    short_factor=[1.0] * (head_dim // 2), long_factor=[float(f)] * (head_dim // 2)
+                )
+                for f in ZOO_FACTORS
+            ]
+        else:
+            specs.append(f"{scaling_type}:factor={factors}")
+    return specs
+
+
+async def batching_gain(
+    client: AsyncPEClient, text: str, lengths: Sequence[int], scalings: Sequence[ScalingSpec], model: str
+) -> dict[str, Any]:
+    """The same cells all at once and one after another, in that order; their wall times and the
+    largest difference between a batched cell and the same cell scored alone."""
+    together = await async_sweep(client, text=text, lengths=lengths, scalings=scalings, model=model)
+    alone = await async_sweep(
+        client, text=text, lengths=lengths, scalings=scalings, model=model, concurrency=1
+    )
+    differences = [
+        abs(a.bits_per_token - b.bits_per_token) for a, b in zip(together.cells, alone.cells, strict=True)
+    ]
+    return {
+        "model": model,
+        "cells": len(together.cells),
+        "lengths": list(lengths),
+        "together_s": together.wall_s,
+        "one_after_another_s": alone.wall_s,
+        "gain": alone.wall_s / together.wall_s,
+        "max_abs_diff_bits": max(differences),
+    }
+
+
+def save_plots(result: SweepResult | PasskeyResult, stem: str) -> list[str]:
+    names = []
+    for suffix in PLOT_FORMATS:
+        path = RESULTS / f"{stem}{suffix}"
+        if isinstance(result, SweepResult):
+            plot_sweep(result, path)
+        else:
+            plot_passkey(result, path)
+        names.append(path.name)
+    return names
+
+
+def log(message: str) -> None:
+    print(f"[{datetime.now(UTC):%H:%M:%S}] {message}", file=sys.stderr, flush=True)
+
+
+async def run_zoo() -> dict[str, Any]:
+    text = corpus_text(CORPUS)
+    with live_server([]) as server:
+        async with AsyncPEClient(server.base_url, timeout=LAB_TIMEOUT) as client:
+            sweeps = []
+            grids: dict[str, list[ScalingSpec]] = {}
+            for card in await client.models():
+                config = json.loads((REPO / "models" / card.name / "config.json").read_text())
+                grids[card.name] = zoo_scalings(
+                    card.supported_scalings, config["d_model"] // config["n_heads"]
+                )
+                log(f"zoo sweep {card.name}: {len(ZOO_LENGTHS)} lengths, {card.supported_scalings}")
+                sweeps.append(
+                    await async_sweep(
+                        client, text=text, lengths=ZOO_LENGTHS, scalings=grids[card.name], model=card.name
+                    )
+                )
+            log("zoo batching gain (zoo-rope)")
+            gain = await batching_gain(client, text, ZOO_LENGTHS, grids["zoo-rope"], "zoo-rope")
+            log("zoo passkey")
+            passkey = await async_passkey(
+                client,
+                lengths=ZOO_PASSKEY_LENGTHS,
+                depths=DEPTHS,
+                scalings=["none", "yarn:factor=16", "dynamic:factor=16"],
+                model="zoo-rope",
+            )
+    return {
+        "sweeps": [sweep_json(result) for result in sweeps],
+        "batching": gain,
+        "passkey": passkey_json(passkey),
+        "plots": save_zoo_plot(sweeps) + save_plots(passkey, "extension-zoo-passkey"),
+    }
+
+
+async def run_smollm2(
+    lengths: Sequence[int], passkey_lengths: Sequence[int], gain_lengths: Sequence[int]
+) -> dict[str, Any]:
+    text = corpus_text(CORPUS)
+    gguf = subprocess.run(
+        [sys.executable, "-m", "service.model.bundled", "smollm2"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    options: dict[str, OptionValue] = {"max_context": 16384}
+    with live_server([gguf], options=options, ready_timeout_s=900.0) as server:
+        async with AsyncPEClient(server.base_url, timeout=LAB_TIMEOUT) as client:
+            model = (await client.models())[0].name
+            log(f"smollm2 sweep: lengths {list(lengths)}, {len(SMOLLM2_SCALINGS)} scalings")
+            result = await async_sweep(
+                client, text=text, lengths=lengths, scalings=SMOLLM2_SCALINGS, model=model, on_cell=_log_cell
+            )
+            log(f"smollm2 sweep done in {result.wall_s:.0f} s; passkey at {list(passkey_lengths)}")
+            passkey = await async_passkey(
+                client,
+                lengths=passkey_lengths,
+                depths=DEPTHS,
+                scalings=SMOLLM2_PASSKEY_SCALINGS,
+                model=model,
+                on_cell=lambda found: log(f"  passkey answer: {'found' if found else 'missed'}"),
+            )
+            log(f"smollm2 passkey done in {passkey.wall_s:.0f} s; batching gain at {list(gain_lengths)}")
+            gain = await batching_gain(client, text, gain_lengths, SMOLLM2_SCALINGS, model)
+    return {
+        "sweeps": [sweep_json(result)],
+        "batching": gain,
+        "passkey": passkey_json(passkey),
+        "plots": save_plots(result, "extension-smollm2-sweep")
+        + save_plots(passkey, "extension-smollm2-passkey"),
+    }
+
+
+def _log_cell(cell: Any) -> None:
+    log(f"  {label(cell.scaling)} @ {cell.length}: {cell.bits_per_token:.3f} bits/token")
+
+
+def sweep_json(result: SweepResult) -> dict[str, Any]:
+    return {**result.model_dump(mode="json"), "native_context": result.native_context}
+
+
+def passkey_json(result: PasskeyResult) -> dict[str, Any]:
+    return {
+        **result.model_dump(mode="json"),
+        "model": result.model,
+        "chat": result.chat,
+        "wall_s": result.wall_s,
+    }
+
+
+def save_zoo_plot(sweeps: Sequence[SweepResult]) -> list[str]:
+    """One panel per zoo model: bits per token past the native context against length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = 5
+    rows = -(-len(sweeps) // columns)
+    figure, panels = plt.subplots(
+        rows, columns, figsize=(4 * columns, 3.4 * rows), squeeze=False, sharey=True
+    )
+    for axes, result in zip(panels.flat, sweeps, strict=False):
+        names = list(dict.fromkeys(label(cell.scaling) for cell in result.cells))
+        for name in names:
+            cells = [
+                c for c in result.cells if label(c.scaling) == name and c.tail_bits_per_token is not None
+            ]
+            axes.plot(
+                [c.length for c in cells], [c.tail_bits_per_token for c in cells], marker=".", label=name
+            )
+        axes.set_xscale("log", base=2)
+        axes.set_title(result.model, fontsize=10)
+        axes.set_xlabel("length (tokens)")
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=6)
+    for axes in panels[:, 0]:
+        axes.set_ylabel("bits/token past 256")
+    for axes in list(panels.flat)[len(sweeps) :]:
+        axes.set_visible(False)
+    figure.tight_layout()
+    names = []
+    for suffix in PLOT_FORMATS:
+        path = RESULTS / f"extension-zoo-sweep{suffix}"
+        figure.savefig(path)
+        names.append(path.name)
+    plt.close(figure)
+    return names
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=("zoo", "smollm2", "report"), required=True)
+    parser.add_argument(
+        "--lengths", default=",".join(map(str, SMOLLM2_LENGTHS)), help="smollm2 sweep lengths"
+    )
+    parser.add_argument("--passkey-lengths", default=",".join(map(str, SMOLLM2_LENGTHS)))
+    parser.add_argument("--gain-lengths", default="4096", help="smollm2 lengths timed both ways")
+    args = parser.parse_args()
+    if args.part != "report":
+        started = time.perf_counter()
+        if args.part == "zoo":
+            part = asyncio.run(run_zoo())
+        else:
+            part = asyncio.run(
+                run_smollm2(_ints(args.lengths), _ints(args.passkey_lengths), _ints(args.gain_lengths))
+            )
+        part["run"] = {
+            "finished": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+            "commit": _commit(),
+            "machine": f"{platform.machine()}, {_cores()} cores",
+            "total_s": time.perf_counter() - started,
+            "command": " ".join(["python -m bench.extension", *sys.argv[1:]]),
+        }
+        (RESULTS / f"extension-{args.part}.json").write_text(json.dumps(part, indent=1) + "\n")
+    REPORT.write_text(render_report())
+    print(REPORT.read_text())
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+def _commit() -> str:
+    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    return run.stdout.strip() or "unknown"
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+# --- the report -------------------------------------------------------------------------------
+
+SEEDS_CLAIMS = """\
+The seeds' table (what the project set out to check), and the published orderings with no fine-tune:
+
+| scaling | the seeds' claim |
+|---|---|
+| none (standard RoPE) | perplexity rises sharply past 1x |
+| linear (PI) | a slight rise, usable at 2-4x |
+| ntk (NTK-aware) | stable at 2-8x |
+| yarn | the most stable, up to 32x |
+
+Published, without fine-tuning: NTK-aware and dynamic NTK well ahead of PI, and unscaled RoPE
+blowing up past the native context (bloc97's NTK-aware post; Peng et al., YaRN, 2023)."""
+
+
+def render_report() -> str:
+    parts = {
+        name: json.loads(path.read_text())
+        for name in ("zoo", "smollm2")
+        if (path := RESULTS / f"extension-{name}.json").exists()
+    }
+    lines = [
+        "# Context-extension lab: scaling sweeps and passkey retrieval",
+        "",
+        "Made by `make bench-extension` (`python -m bench.extension --part zoo`, then `--part smollm2`):",
+        "each part starts a real `pe-serve` with its default flags and drives it with the SDK's",
+        "`pe_client.async_sweep` / `async_passkey`. A cell is the mean of −log2 p over tokens 2..L of",
+        "the first L tokens of `pydoc_data/topics.py` (one `/score`); *past native* is the same over",
+        "the tokens beyond the model's native context.",
+        "",
+        SEEDS_CLAIMS,
+    ]
+    for name, title in (("smollm2", "SmolLM2-135M-Instruct (native 8192)"), ("zoo", "The zoo (native 256)")):
+        if name in parts:
+            lines += ["", f"## {title}", "", *_part_lines(parts[name])]
+    return "\n".join(lines) + "\n"
+
+
+def _part_lines(part: dict[str, Any]) -> list[str]:
+    run = part["run"]
+    lines = [
+        f"Run {run['finished']} at `{run['commit']}`, {run['machine']}, {run['total_s'] / 60:.1f} min in all"
+        f" (`{run['command']}`).",
+        "",
+    ]
+    for sweep in part["sweeps"]:
+        lines += _sweep_lines(sweep)
+    gain = part["batching"]
+    lines += [
+        f"Batching gain ({gain['model']}, {gain['cells']} cells at lengths {gain['lengths']}): all at once"
+        f" {gain['together_s']:.1f} s, one after another {gain['one_after_another_s']:.1f} s:"
+        f" **{gain['gain']:.2f}x**. Largest difference between a batched cell and the same cell"
+        f" scored alone: {gain['max_abs_diff_bits']:.2e} bits/token.",
+        "",
+    ]
+    lines += _passkey_lines(part["passkey"])
+    lines += [f"![{name}]({name})" for name in part["plots"] if name.endswith(".png")]
+    lines.append("")
+    return lines
+
+
+def _sweep_lines(sweep: dict[str, Any]) -> list[str]:
+    lengths = sorted({cell["length"] for cell in sweep["cells"]})
+    rows: dict[str, dict[int, dict[str, Any]]] = {}
+    for cell in sweep["cells"]:
+        rows.setdefault(_label_json(cell["scaling"]), {})[cell["length"]] = cell
+    header = "| scaling | " + " | ".join(f"{length}" for length in lengths) + " |"
+    lines = [
+        f"**{sweep['model']}**: bits/token over the prefix (past native {sweep['native_context']}),"
+        f" {len(sweep['cells'])} cells in {sweep['wall_s']:.1f} s",
+        "",
+        header,
+        "|---" * (len(lengths) + 1) + "|",
+    ]
+    for name, cells in rows.items():
+        values = []
+        for length in lengths:
+            cell = cells[length]
+            tail = cell["tail_bits_per_token"]
+            values.append(f"{cell['bits_per_token']:.3f}" + ("" if tail is None else f" ({tail:.3f})"))
+        lines.append(f"| {name} | " + " | ".join(values) + " |")
+    return [*lines, ""]
+
+
+def _passkey_lines(passkey: dict[str, Any]) -> list[str]:
+    lengths = sorted({cell["length"] for cell in passkey["cells"]})
+    how = "its chat template" if passkey["chat"] else "a completion prompt"
+    lines = [
+        f"Passkey retrieval on {passkey['model']} ({how}; keys found / asked), {passkey['wall_s']:.0f} s:",
+        "",
+        "| scaling | depth | " + " | ".join(map(str, lengths)) + " |",
+        "|---|---" + "|---" * len(lengths) + "|",
+    ]
+    table: dict[tuple[str, float], dict[int, str]] = {}
+    for cell in passkey["cells"]:
+        key = (_label_json(cell["scaling"]), cell["depth"])
+        table.setdefault(key, {})[cell["length"]] = f"{cell['correct']}/{cell['trials']}"
+    for (name, depth), found in table.items():
+        lines.append(f"| {name} | {depth:g} | " + " | ".join(found[length] for length in lengths) + " |")
+    return [*lines, ""]
+
+
+def _label_json(scaling: dict[str, Any]) -> str:
+    return label(parse_scaling(scaling))
+
+
+if __name__ == "__main__":
+    main()
