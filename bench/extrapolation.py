@@ -8,6 +8,10 @@ Windows go through `InferenceEngine.submit(ScoringRequest)`, the path behind `PO
 refusal here (learned positions past their table) is the refusal a client gets.
 
 Writes `bench/results/extrapolation.md` (tables and run details) and `extrapolation.png`.
+
+`--suite training` scores the training-side members instead (`training.extension`: `zoo-rope`
+fine-tuned with PI, YaRN and PoSE, and `zoo-rope-randpos`) beside `zoo-rope` itself, each
+unscaled and under each fine-tune's fixed x4 scaling, into `extrapolation_training.md` / `.png`.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ LENGTHS = (256, 512, 1024, 2048, 4096)
 TAIL = 256
 ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")
 RESULTS_DIR = Path("bench/results")
+# The training-side members and their base; each is scored unscaled and under both fine-tunes'
+# scalings (PoSE's is linear x4 too), at the factor they were trained with.
+TRAINING_MEMBERS = ("zoo-rope", "zoo-rope-pi4", "zoo-rope-yarn4", "zoo-rope-pose", "zoo-rope-randpos")
+TRAINING_SCALINGS = ("none", "linear", "yarn")
+TRAINED_FACTOR = 4.0
 
 
 @dataclass(frozen=True)
@@ -53,27 +62,36 @@ class Setting:
     `factor_multiplier` and `overrides` (transformers field names) describe the ablations that
     test why NTK and YaRN, whose defaults were tuned for contexts of thousands of tokens, do
     less well at a 256-byte trained context than their papers report.
+
+    `model` names the model when the scheme alone would not pick it (the training-side members
+    all use `rope`), and `fixed_factor` replaces length / trained context by the one factor a
+    fine-tune was trained with.
     """
 
     scheme: Scheme
     scaling: str
     factor_multiplier: float = 1.0
     overrides: tuple[tuple[str, float], ...] = ()
+    model: str | None = None
+    fixed_factor: float | None = None
 
     @property
     def label(self) -> str:
         changes = [f"factor x{self.factor_multiplier:g}"] if self.factor_multiplier != 1.0 else []
         changes += [f"{field}={value:g}" for field, value in self.overrides]
-        return f"{self.scheme} / {self.scaling}" + (f" ({', '.join(changes)})" if changes else "")
+        fixed = f" x{self.fixed_factor:g}" if self.fixed_factor is not None else ""
+        scaled = f"{self.model or self.scheme} / {self.scaling}{fixed}"
+        return scaled + (f" ({', '.join(changes)})" if changes else "")
 
     def rope_scaling(self, length: int, native_context: int) -> RopeScaling:
-        """The scaling sent with a `length`-byte window: factor = length / trained context."""
+        """The scaling sent with a `length`-byte window: factor = length / trained context, or fixed."""
         if self.scaling == "none":
             return RopeScaling()
+        factor = self.fixed_factor or self.factor_multiplier * length / native_context
         return RopeScaling.from_hf(
             {
                 "rope_type": self.scaling,
-                "factor": self.factor_multiplier * length / native_context,
+                "factor": factor,
                 **dict(self.overrides),
             },
             max_position_embeddings=native_context,
@@ -98,6 +116,11 @@ _CANDIDATES = (
 )
 # Only the zoo's bundled members can be scored.
 SETTINGS = tuple(setting for setting in _CANDIDATES if setting.scheme in ZOO_SCHEMES)
+TRAINING_SETTINGS = tuple(
+    Setting("rope", scaling, model=model, fixed_factor=None if scaling == "none" else TRAINED_FACTOR)
+    for model in TRAINING_MEMBERS
+    for scaling in TRAINING_SCALINGS
+)
 
 
 @dataclass(frozen=True)
@@ -140,7 +163,7 @@ def score_bits(engine: InferenceEngine, setting: Setting, windows: torch.Tensor)
 
     Raises the engine's InvalidRequestError when the setting cannot run at this length.
     """
-    model = engine.resolve_model(None, setting.scheme)
+    model = engine.resolve_model(setting.model, setting.scheme)
     scaling = setting.rope_scaling(windows.shape[1], model.native_context)
     logprobs = torch.tensor(
         [score_window(engine, model.name, window.tolist(), scaling) for window in windows]
@@ -161,13 +184,18 @@ def summarise(bits: torch.Tensor, shortest: torch.Tensor | None) -> Cell:
     return Cell(bits[:, -TAIL:].mean().item(), bits.mean().item(), tail_bits_short)
 
 
-def run(engine: InferenceEngine, stream: torch.Tensor, lengths: Sequence[int]) -> Results:
+def run(
+    engine: InferenceEngine,
+    stream: torch.Tensor,
+    lengths: Sequence[int],
+    settings: Sequence[Setting] = SETTINGS,
+) -> Results:
     """Every setting at every length (shortest first, multiples of it, all cut from `stream`).
 
     Progress goes to stderr because a full run takes minutes.
     """
     results: Results = {}
-    for setting in SETTINGS:
+    for setting in settings:
         results[setting] = {}
         shortest: torch.Tensor | None = None
         for length in lengths:
@@ -228,14 +256,30 @@ def machine_description() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
 
 
+ZOO_INTRO = (
+    f"Zoo models trained at {TRAINED_CONTEXT} bytes; scaled settings use factor = length / {TRAINED_CONTEXT}."
+)
+TRAINING_INTRO = (
+    f"`zoo-rope` (trained at {TRAINED_CONTEXT} bytes) and its training-side members "
+    "(docs/zoo.md): PI and YaRN x4 fine-tunes to 1024, PoSE (256-byte windows, positions "
+    "covering 1024, linear x4) and randomized positions (from scratch, positions from a range of "
+    f"4096). Every model runs unscaled and under linear and YaRN at the fine-tunes' fixed factor "
+    f"{TRAINED_FACTOR:g} (a member's own default is one of these; `none` overrides it)."
+)
+
+
 def render_markdown(
-    results: Results, lengths: Sequence[int], tokens: int, seconds: float, command: str
+    results: Results,
+    lengths: Sequence[int],
+    tokens: int,
+    seconds: float,
+    command: str,
+    intro: str = ZOO_INTRO,
 ) -> str:
     lines = [
         "# Extrapolation: held-out bits per byte vs. context length",
         "",
-        f"Zoo models trained at {TRAINED_CONTEXT} bytes; scaled settings use factor = length / "
-        f"{TRAINED_CONTEXT}.",
+        intro,
         f"Text: the first {tokens} tokens of the held-out stdlib split, cut into non-overlapping windows of",
         "exactly each length, each window scored in one forward pass through the engine's `/score` path.",
         "Lower is better.",
@@ -274,7 +318,7 @@ def spread_colour(index: int, colours: int) -> int:
     return (2 * index) % colours + (2 * index) // colours
 
 
-def plot(results: Results, lengths: Sequence[int], path: Path) -> None:
+def plot(results: Results, lengths: Sequence[int], path: Path, title: str | None = None) -> None:
     """Three panels (tail, tail change, all positions), one line per setting; refusals left out."""
     figure, axes = plt.subplots(1, 3, figsize=(19, 5.5))
     palette = plt.get_cmap("tab20")
@@ -304,7 +348,7 @@ def plot(results: Results, lengths: Sequence[int], path: Path) -> None:
         axis.grid(True, alpha=0.3)
     axes[0].set_ylabel("held-out bits per byte")
     axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    figure.suptitle(f"Zoo models trained at {TRAINED_CONTEXT} bytes")
+    figure.suptitle(title or f"Zoo models trained at {TRAINED_CONTEXT} bytes")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -317,27 +361,38 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
     parser.add_argument("--threads", type=int, default=1, help="torch threads; 1 is fastest on a busy CPU")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument(
+        "--suite",
+        choices=("zoo", "training"),
+        default="zoo",
+        help="the zoo's schemes, or the training-side members",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     stream = load_corpus().held_out[: args.tokens]
+    training = args.suite == "training"
+    names = TRAINING_MEMBERS if training else tuple(f"zoo-{scheme}" for scheme in ZOO_SCHEMES)
     engine = InferenceEngine.from_model_dirs(
-        [args.models_dir / f"zoo-{scheme}" for scheme in ZOO_SCHEMES],
-        device="cpu",
-        max_context=max(args.lengths),
+        [args.models_dir / name for name in names], device="cpu", max_context=max(args.lengths)
     )
     engine.start()
     started = time.perf_counter()
     try:
-        results = run(engine, stream, args.lengths)
+        results = run(engine, stream, args.lengths, TRAINING_SETTINGS if training else SETTINGS)
     finally:
         engine.shutdown()
     command = shlex.join(
         ["python", "-m", "bench.extrapolation", *(argv if argv is not None else sys.argv[1:])]
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    markdown = render_markdown(results, args.lengths, stream.numel(), time.perf_counter() - started, command)
-    (args.out / "extrapolation.md").write_text(markdown)
-    plot(results, args.lengths, args.out / "extrapolation.png")
+    seconds = time.perf_counter() - started
+    intro = TRAINING_INTRO if training else ZOO_INTRO
+    stem = "extrapolation_training" if training else "extrapolation"
+    (args.out / f"{stem}.md").write_text(
+        render_markdown(results, args.lengths, stream.numel(), seconds, command, intro)
+    )
+    title = "zoo-rope and its training-side members" if training else None
+    plot(results, args.lengths, args.out / f"{stem}.png", title)
 
 
 if __name__ == "__main__":
