@@ -40,7 +40,9 @@ import httpx
 from pe_client import (
     AsyncPEClient,
     LongRopeScaling,
+    PasskeyCell,
     PasskeyResult,
+    SweepCell,
     SweepResult,
     async_passkey,
     async_sweep,
@@ -136,7 +138,7 @@ def log(message: str) -> None:
     print(f"[{datetime.now(UTC):%H:%M:%S}] {message}", file=sys.stderr, flush=True)
 
 
-async def run_zoo() -> dict[str, Any]:
+async def run_zoo(record: PartRecord) -> None:
     text = corpus_text(CORPUS)
     with live_server([]) as server:
         async with AsyncPEClient(server.base_url, timeout=LAB_TIMEOUT) as client:
@@ -163,17 +165,19 @@ async def run_zoo() -> dict[str, Any]:
                 scalings=["none", "yarn:factor=16", "dynamic:factor=16"],
                 model="zoo-rope",
             )
-    return {
-        "sweeps": [sweep_json(result) for result in sweeps],
-        "batching": gain,
-        "passkey": passkey_json(passkey),
-        "plots": save_zoo_plot(sweeps) + save_plots(passkey, "extension-zoo-passkey"),
-    }
+    record.add(
+        sweeps=[sweep_json(result) for result in sweeps],
+        batching=gain,
+        passkey=passkey_json(passkey),
+        plots=save_zoo_plot(sweeps) + save_plots(passkey, "extension-zoo-passkey"),
+    )
 
 
 async def run_smollm2(
-    lengths: Sequence[int], passkey_lengths: Sequence[int], gain_lengths: Sequence[int]
-) -> dict[str, Any]:
+    record: PartRecord, lengths: Sequence[int], passkey_lengths: Sequence[int], gain_lengths: Sequence[int]
+) -> None:
+    """Sweep, passkey, batching gain, each length recorded as it finishes: on a busy machine a run
+    cut short still leaves what it measured. Each length's scalings go to the server together."""
     text = corpus_text(CORPUS)
     gguf = subprocess.run(
         [sys.executable, "-m", "service.model.bundled", "smollm2"], capture_output=True, text=True, check=True
@@ -182,28 +186,64 @@ async def run_smollm2(
     with live_server([gguf], options=options, ready_timeout_s=900.0) as server:
         async with AsyncPEClient(server.base_url, timeout=LAB_TIMEOUT) as client:
             model = (await client.models())[0].name
-            log(f"smollm2 sweep: lengths {list(lengths)}, {len(SMOLLM2_SCALINGS)} scalings")
-            result = await async_sweep(
-                client, text=text, lengths=lengths, scalings=SMOLLM2_SCALINGS, model=model, on_cell=_log_cell
-            )
-            log(f"smollm2 sweep done in {result.wall_s:.0f} s; passkey at {list(passkey_lengths)}")
-            passkey = await async_passkey(
-                client,
-                lengths=passkey_lengths,
-                depths=DEPTHS,
-                scalings=SMOLLM2_PASSKEY_SCALINGS,
-                model=model,
-                on_cell=lambda found: log(f"  passkey answer: {'found' if found else 'missed'}"),
-            )
-            log(f"smollm2 passkey done in {passkey.wall_s:.0f} s; batching gain at {list(gain_lengths)}")
-            gain = await batching_gain(client, text, gain_lengths, SMOLLM2_SCALINGS, model)
-    return {
-        "sweeps": [sweep_json(result)],
-        "batching": gain,
-        "passkey": passkey_json(passkey),
-        "plots": save_plots(result, "extension-smollm2-sweep")
-        + save_plots(passkey, "extension-smollm2-passkey"),
-    }
+            cells: list[SweepCell] = []
+            for length in lengths:  # one length at a time, its scalings batched, each recorded
+                log(f"smollm2 sweep at {length}: {len(SMOLLM2_SCALINGS)} scalings")
+                result = await async_sweep(
+                    client,
+                    text=text,
+                    lengths=[length],
+                    scalings=SMOLLM2_SCALINGS,
+                    model=model,
+                    on_cell=_log_cell,
+                )
+                cells += result.cells
+                swept = result.model_copy(
+                    update={"cells": cells, "wall_s": time.perf_counter() - record.started}
+                )
+                record.add(sweeps=[sweep_json(swept)], plots=save_plots(swept, "extension-smollm2-sweep"))
+            answers: list[PasskeyCell] = []
+            for length in passkey_lengths:
+                log(f"smollm2 passkey at {length}")
+                passkey = await async_passkey(
+                    client,
+                    lengths=[length],
+                    depths=DEPTHS,
+                    scalings=SMOLLM2_PASSKEY_SCALINGS,
+                    model=model,
+                    on_cell=lambda found: log(f"  passkey answer: {'found' if found else 'missed'}"),
+                )
+                answers += passkey.cells
+                found = passkey.model_copy(update={"cells": answers})
+                record.add(
+                    passkey=passkey_json(found),
+                    plots=[name for name in record.data["plots"] if "passkey" not in name]
+                    + save_plots(found, "extension-smollm2-passkey"),
+                )
+            log(f"smollm2 batching gain at {list(gain_lengths)}")
+            record.add(batching=await batching_gain(client, text, gain_lengths, SMOLLM2_SCALINGS, model))
+
+
+class PartRecord:
+    """A part's results so far, rewritten with the report after every stage."""
+
+    def __init__(self, name: str) -> None:
+        self.path = RESULTS / f"extension-{name}.json"
+        self.started = time.perf_counter()
+        self.data: dict[str, Any] = {
+            "run": {
+                "commit": _commit(),
+                "machine": f"{platform.machine()}, {_cores()} cores",
+                "command": " ".join(["python -m bench.extension", *sys.argv[1:]]),
+            }
+        }
+
+    def add(self, **stages: Any) -> None:
+        self.data.update(stages)
+        self.data["run"]["finished"] = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+        self.data["run"]["total_s"] = time.perf_counter() - self.started
+        self.path.write_text(json.dumps(self.data, indent=1) + "\n")
+        REPORT.write_text(render_report())
 
 
 def _log_cell(cell: Any) -> None:
@@ -272,22 +312,11 @@ def main() -> None:
     parser.add_argument("--passkey-lengths", default=",".join(map(str, SMOLLM2_LENGTHS)))
     parser.add_argument("--gain-lengths", default="4096", help="smollm2 lengths timed both ways")
     args = parser.parse_args()
-    if args.part != "report":
-        started = time.perf_counter()
-        if args.part == "zoo":
-            part = asyncio.run(run_zoo())
-        else:
-            part = asyncio.run(
-                run_smollm2(_ints(args.lengths), _ints(args.passkey_lengths), _ints(args.gain_lengths))
-            )
-        part["run"] = {
-            "finished": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
-            "commit": _commit(),
-            "machine": f"{platform.machine()}, {_cores()} cores",
-            "total_s": time.perf_counter() - started,
-            "command": " ".join(["python -m bench.extension", *sys.argv[1:]]),
-        }
-        (RESULTS / f"extension-{args.part}.json").write_text(json.dumps(part, indent=1) + "\n")
+    if args.part == "zoo":
+        asyncio.run(run_zoo(PartRecord("zoo")))
+    elif args.part == "smollm2":
+        lengths = (_ints(args.lengths), _ints(args.passkey_lengths), _ints(args.gain_lengths))
+        asyncio.run(run_smollm2(PartRecord("smollm2"), *lengths))
     REPORT.write_text(render_report())
     print(REPORT.read_text())
 
@@ -351,20 +380,28 @@ def _part_lines(part: dict[str, Any]) -> list[str]:
         f" (`{run['command']}`).",
         "",
     ]
-    for sweep in part["sweeps"]:
+    missing = [stage for stage in ("sweeps", "passkey", "batching") if stage not in part]
+    if missing:
+        lines += [f"**Partial run**: it stopped before these stages finished: {', '.join(missing)}.", ""]
+    for sweep in part.get("sweeps", []):
         lines += _sweep_lines(sweep)
-    gain = part["batching"]
-    lines += [
+    if "batching" in part:
+        lines += _gain_lines(part["batching"])
+    if "passkey" in part:
+        lines += _passkey_lines(part["passkey"])
+    lines += [f"![{name}]({name})" for name in part.get("plots", []) if name.endswith(".png")]
+    lines.append("")
+    return lines
+
+
+def _gain_lines(gain: dict[str, Any]) -> list[str]:
+    return [
         f"Batching gain ({gain['model']}, {gain['cells']} cells at lengths {gain['lengths']}): all at once"
         f" {gain['together_s']:.1f} s, one after another {gain['one_after_another_s']:.1f} s:"
         f" **{gain['gain']:.2f}x**. Largest difference between a batched cell and the same cell"
         f" scored alone: {gain['max_abs_diff_bits']:.2e} bits/token.",
         "",
     ]
-    lines += _passkey_lines(part["passkey"])
-    lines += [f"![{name}]({name})" for name in part["plots"] if name.endswith(".png")]
-    lines.append("")
-    return lines
 
 
 def _sweep_lines(sweep: dict[str, Any]) -> list[str]:
