@@ -2,7 +2,7 @@
 // `pe_scaling` bodies built from it. A blank parameter is left out, so the server applies its
 // default (original_max_position_embeddings: the model's native context).
 
-export const FIELDS = {
+const FIELDS = {
   none: [],
   linear: ["factor"],
   ntk: ["factor"],
@@ -20,7 +20,7 @@ const FIELD_INPUT = {
   high_freq_factor: { label: "high", value: "4", min: "0", step: "0.5" },
 };
 
-export const INTEGER_FIELDS = new Set(["original_max_position_embeddings"]);
+const INTEGER_FIELDS = new Set(["original_max_position_embeddings"]);
 
 export const SCALING_TYPES = Object.keys(FIELDS);
 const DEFAULT_TICKED = new Set(["none", "linear", "yarn"]);
