@@ -27,6 +27,7 @@ from service.settings import Settings
 from tests.deploy import kustomize
 from tests.deploy.kustomize import Manifest
 from tests.live_server import live_server
+from tests.tls import make_certificates, tls_live_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -162,6 +163,33 @@ def test_the_api_key_comes_from_a_secret(overlay: tuple[str, list[Manifest]]) ->
     assert reference["name"] == "pe-serve-api-key" and reference["key"] == "api-key"
 
 
+def tls_files(objects: list[Manifest]) -> dict[str, str]:
+    """The server's TLS flags (`--tls-cert`, `--tls-key`) and the files they name."""
+    server = server_container(objects)
+    assert server["command"] == ["pe-serve"]
+    arguments = server["args"]
+    return dict(zip(arguments[::2], arguments[1::2], strict=True))
+
+
+def test_tls_certificate_and_key_come_from_a_secret(overlay: tuple[str, list[Manifest]]) -> None:
+    _, objects = overlay
+    files = tls_files(objects)
+    assert set(files) == {"--tls-cert", "--tls-key"}
+    volumes = {volume["name"]: volume for volume in pod_spec(objects)["volumes"]}
+    (mount,) = [m for m in server_container(objects)["volumeMounts"] if "secret" in volumes[m["name"]]]
+    assert volumes[mount["name"]]["secret"]["secretName"] == "pe-serve-tls" and mount["readOnly"] is True
+    # A kubernetes.io/tls Secret's two keys, under the mount.
+    assert files == {
+        "--tls-cert": f"{mount['mountPath']}/tls.crt",
+        "--tls-key": f"{mount['mountPath']}/tls.key",
+    }
+    server = server_container(objects)
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert server[probe]["httpGet"]["scheme"] == "HTTPS"
+    annotations = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scheme"] == "https"
+
+
 # -- agreement with the app -----------------------------------------------------------------------
 
 
@@ -201,15 +229,21 @@ def test_service_port_scrape_target_and_autoscaler_name_the_app(overlay: tuple[s
 
 
 def test_probes_and_scrape_path_answer_on_a_server_run_with_the_configmap(
-    tiny_checkpoints: dict[str, Path],
+    tiny_checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
-    """The ConfigMap as the environment, the Secret's key set: probes answer without the key."""
+    """The ConfigMap as the environment, the Secrets' key and certificate given: probes answer
+    over HTTPS without the key."""
     objects = kustomize.build_overlay(K8S_DIR / "overlays" / "cpu")
     server = server_container(objects)
     environment = {**one(objects, "ConfigMap")["data"], "PE_SERVE_API_KEY": API_KEY}
-    # Host, port and threads are this machine's; everything else is the manifest's.
+    # Host, port and threads are this machine's; everything else is the manifest's. The TLS files
+    # are made here, where the Secret's mount would put them in the pod.
     options = {"torch_threads": 1, "max_context": 512}
-    with live_server([tiny_checkpoints["rope"]], options=options, env=environment) as running:
+    certificates = make_certificates(tmp_path)
+    with (
+        tls_live_server([tiny_checkpoints["rope"]], certificates, options=options, env=environment) as served,
+        httpx.Client(base_url=served.url, verify=served.client_context(certificates)) as client,
+    ):
         paths = {
             "startupProbe": server["startupProbe"]["httpGet"]["path"],
             "readinessProbe": server["readinessProbe"]["httpGet"]["path"],
@@ -217,14 +251,14 @@ def test_probes_and_scrape_path_answer_on_a_server_run_with_the_configmap(
         }
         assert paths == {"startupProbe": "/readyz", "readinessProbe": "/readyz", "livenessProbe": "/healthz"}
         for path in paths.values():
-            assert httpx.get(running.url(path), timeout=10).status_code == 200
+            assert client.get(path, timeout=10).status_code == 200
         scrape_path = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"][
             "prometheus.io/path"
         ]
-        metrics = httpx.get(running.url(scrape_path), timeout=10)
+        metrics = client.get(scrape_path, timeout=10)
         assert metrics.status_code == 200 and "pe_serve_queue_depth" in metrics.text
-        assert httpx.get(running.url("/models"), timeout=10).status_code == 401
-        authorised = httpx.get(running.url("/models"), headers={"Authorization": f"Bearer {API_KEY}"})
+        assert client.get("/models", timeout=10).status_code == 401
+        authorised = client.get("/models", headers={"Authorization": f"Bearer {API_KEY}"})
         assert authorised.status_code == 200
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from service.cli import load_settings, tls_options
-from tests.service.certificates import make_certificates
+from tests.tls import make_certificates
 
 
 def refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

@@ -10,10 +10,7 @@ client without a certificate is refused on both protocols and one with the CA's 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -23,18 +20,13 @@ from pe_client import APIConnectionError, AsyncPEClient, PEClient
 from pe_client.grpc import AsyncGrpcPEClient, GrpcPEClient
 from pe_client.tls import TLS
 
-from tests.live_server import READY_TIMEOUT_S, OptionValue, launch_server
+from tests.live_server import OptionValue
 from tests.service.api.conftest import BASE_OPTIONS, SERVER_ENV
-from tests.service.certificates import Certificates, make_certificates
+from tests.tls import Certificates, TlsServer, make_certificates, tls_live_server
 
 PROMPT = "def f():"
 NEW_TOKENS = 4
-
-
-@dataclass(frozen=True)
-class TlsServer:
-    url: str  # https://127.0.0.1:<port>
-    grpc_target: str
+OPTIONS: dict[str, OptionValue] = {**BASE_OPTIONS, "no_warmup": True}
 
 
 @pytest.fixture(scope="module")
@@ -42,48 +34,15 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
     return make_certificates(tmp_path_factory.mktemp("tls"))
 
 
-@contextlib.contextmanager
-def tls_server(model: Path, certificates: Certificates, *, mutual: bool) -> Iterator[TlsServer]:
-    options: dict[str, OptionValue] = {
-        **BASE_OPTIONS,
-        "tls_cert": str(certificates.server_cert),
-        "tls_key": str(certificates.server_key),
-        "no_warmup": True,
-    }
-    if mutual:
-        options["tls_client_ca"] = str(certificates.ca)
-    server = launch_server([model], options=options, env=SERVER_ENV)
-    assert server.grpc_target is not None
-    running = TlsServer(url=server.base_url.replace("http://", "https://"), grpc_target=server.grpc_target)
-    try:
-        trusted = TLS(certificates.ca, certificates.client_cert, certificates.client_key)
-        with PEClient(running.url, tls=trusted, max_retries=0, timeout=5.0) as client:
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            while not _ready(client):
-                assert server.process.poll() is None, server.logs()
-                assert time.monotonic() < deadline, server.logs()
-                time.sleep(0.1)
-        yield running
-    finally:
-        server.stop()
-        server.log_path.unlink(missing_ok=True)
-
-
-def _ready(client: PEClient) -> bool:
-    with contextlib.suppress(APIConnectionError):
-        return client.health().ready
-    return False
-
-
 @pytest.fixture(scope="module")
 def tls_only(tiny_zoo: list[Path], certificates: Certificates) -> Iterator[TlsServer]:
-    with tls_server(tiny_zoo[0], certificates, mutual=False) as server:
+    with tls_live_server([tiny_zoo[0]], certificates, options=OPTIONS, env=SERVER_ENV) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def mutual(tiny_zoo: list[Path], certificates: Certificates) -> Iterator[TlsServer]:
-    with tls_server(tiny_zoo[0], certificates, mutual=True) as server:
+    with tls_live_server([tiny_zoo[0]], certificates, options=OPTIONS, env=SERVER_ENV, mutual=True) as server:
         yield server
 
 
