@@ -3,6 +3,7 @@ directory owned by someone else is never loaded from."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 from pathlib import Path
@@ -30,7 +31,7 @@ def test_a_compiler_that_fails_is_reported_with_its_message(
         build.built_library(SOURCES[0])
     build.kernel_function.cache_clear()
     try:  # the caller falls back to its torch path
-        assert build.kernel_function(SOURCES[0], "packed_linear", ()) is None
+        assert build.kernel_function(SOURCES[0], "packed_linear") is None
     finally:
         build.kernel_function.cache_clear()
 
@@ -68,3 +69,29 @@ def test_an_edited_neighbour_builds_a_new_library(tmp_path: Path, monkeypatch: p
         (sources / neighbour).write_text((sources / neighbour).read_text() + "\n/* edited */\n")
         built.append(build.built_library(sources / "batch_pass.c"))
     assert len(set(built)) == 3 and all(library.exists() for library in built)
+
+
+def test_a_signature_is_read_from_its_c_definition() -> None:
+    """The bindings take their ctypes types from C: pointers, int64_t and float, by name."""
+    source = Path(build.__file__).with_name("batch_pass.c")
+    result, parameters = build.c_signature(source, "batch_pass")
+    names = [name for name, _ in parameters]
+    assert result is None and len(names) == len(set(names))
+    assert dict(parameters)["layers"] is ctypes.c_void_p
+    assert dict(parameters)["blocks_per_row"] is ctypes.c_int64
+    assert dict(parameters)["eps"] is ctypes.c_float
+    assert build.c_signature(source, "batch_pass_workspace")[0] is ctypes.c_int64
+    shuffled = {name: position for position, name in reversed(list(enumerate(names)))}
+    assert build.ordered(source, "batch_pass", shuffled) == list(range(len(names)))
+
+
+def test_arguments_by_name_must_be_exactly_the_parameters() -> None:
+    source = Path(build.__file__).with_name("batch_pass.c")
+    names = [name for name, _ in build.c_signature(source, "batch_pass")[1]]
+    arguments = dict.fromkeys(names, 0)
+    with pytest.raises(TypeError, match="missing \\['eps'\\]"):
+        build.ordered(source, "batch_pass", {name: 0 for name in names if name != "eps"})
+    with pytest.raises(TypeError, match="unknown \\['epsilon'\\]"):
+        build.ordered(source, "batch_pass", {**arguments, "epsilon": 0})
+    with pytest.raises(LookupError):
+        build.c_signature(source, "no_such_kernel")

@@ -19,14 +19,11 @@ import torch
 from torch import Tensor
 
 from service.model.config import ModelConfig
-from service.model.kernels.build import kernel_function, use_threads
+from service.model.kernels.build import kernel_function, ordered, use_threads
 from service.model.kernels.packed_linear import Panels, check_panels
 from service.model.kernels.paged_attention import MAX_HEAD_DIM, check_rows
 
 _SOURCE = Path(__file__).with_name("batch_pass.c")
-_P, _I = ctypes.c_void_p, ctypes.c_int64
-_PASS_ARGUMENTS = (_P,) * 14 + (_I,) * 14 + (ctypes.c_float,)
-_WORKSPACE_ARGUMENTS = (_I,) * 7
 
 
 def available() -> bool:
@@ -35,14 +32,11 @@ def available() -> bool:
 
 
 def _pass() -> Any:
-    return kernel_function(_SOURCE, "batch_pass", _PASS_ARGUMENTS)
+    return kernel_function(_SOURCE, "batch_pass")
 
 
 def _workspace_floats() -> Any:
-    function = kernel_function(_SOURCE, "batch_pass_workspace", _WORKSPACE_ARGUMENTS)
-    if function is not None:
-        function.restype = ctypes.c_int64
-    return function
+    return kernel_function(_SOURCE, "batch_pass_workspace")
 
 
 class CLayer(NamedTuple):
@@ -141,37 +135,38 @@ class BatchPass:
         workspace = torch.empty(floats, dtype=torch.float32)
         vocab = config.vocab_size if logits else 0
         out = torch.empty((batch, vocab), dtype=torch.float32)
-        step(
-            hidden.data_ptr(),
-            cos.data_ptr() if cos is not None else None,
-            sin.data_ptr() if sin is not None else None,
-            bias.data_ptr() if bias is not None else None,
-            self._layers,
-            self._key_pages,
-            self._value_pages,
-            window_blocks.data_ptr(),
-            positions.data_ptr(),
-            self._final_norm,
-            self._lm_head[0],
-            self._lm_head[1],
-            out.data_ptr(),
-            workspace.data_ptr(),
-            batch,
-            self._n_layers,
-            config.d_model,
-            config.n_heads,
-            config.n_kv_heads,
-            config.head_dim,
-            config.ffn_hidden,
-            vocab,
-            config.rotary_dim if rope is not None else 0,
-            int(config.rope_layout == "gptj"),  # pairs (2i, 2i + 1), not (c, c + rotary_dim / 2)
-            self._num_blocks,
-            self._block_size,
-            blocks_per_row,
-            self._format,
-            config.norm_eps,
-        )
+        arguments = {
+            "hidden": hidden.data_ptr(),
+            "rope_cos": cos.data_ptr() if cos is not None else None,
+            "rope_sin": sin.data_ptr() if sin is not None else None,
+            "bias": bias.data_ptr() if bias is not None else None,
+            "layers": self._layers,
+            "key_pages": self._key_pages,
+            "value_pages": self._value_pages,
+            "window_blocks": window_blocks.data_ptr(),
+            "positions": positions.data_ptr(),
+            "final_norm": self._final_norm,
+            "lm_head": self._lm_head[0],
+            "lm_head_scales": self._lm_head[1],
+            "logits": out.data_ptr(),
+            "workspace": workspace.data_ptr(),
+            "batch": batch,
+            "n_layers": self._n_layers,
+            "d_model": config.d_model,
+            "heads": config.n_heads,
+            "kv_heads": config.n_kv_heads,
+            "head_dim": config.head_dim,
+            "ffn": config.ffn_hidden,
+            "vocab": vocab,
+            "rotary_dim": config.rotary_dim if rope is not None else 0,
+            "interleaved": int(config.rope_layout == "gptj"),  # pairs (2i, 2i + 1), not (c, c + R / 2)
+            "num_blocks": self._num_blocks,
+            "block_size": self._block_size,
+            "blocks_per_row": blocks_per_row,
+            "weights_format": self._format,
+            "eps": config.norm_eps,
+        }
+        step(*ordered(_SOURCE, "batch_pass", arguments))
         return out if logits else hidden
 
 

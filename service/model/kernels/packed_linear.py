@@ -10,7 +10,6 @@ group scales) into panels of 32 output columns that the kernel reads front to ba
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,8 +22,6 @@ from service.model.kernels.build import kernel_function, use_threads
 _SOURCE = Path(__file__).with_name("packed_linear.c")
 PANEL = 32
 GROUP = 32  # inputs sharing one scale (and minimum), as in GGUF's blocks; `GROUP` in the C source
-_POINTER, _SIZE = ctypes.c_void_p, ctypes.c_int64
-_ARGUMENTS = (_POINTER, _SIZE, _POINTER, _POINTER, _SIZE, _POINTER, _POINTER, _SIZE, _SIZE, _SIZE)
 # The C source's panel formats (`FLOAT_PANELS`, `INT8_PANELS`, `INT4_PANELS`), by the values' dtype.
 FORMATS = {torch.float32: 0, torch.int8: 1, torch.uint8: 2}
 
@@ -62,7 +59,7 @@ def available() -> bool:
 
 
 def _kernel() -> Any:
-    return kernel_function(_SOURCE, "packed_linear", _ARGUMENTS)
+    return kernel_function(_SOURCE, "packed_linear")
 
 
 def pack_weight(weight: Tensor) -> Panels:

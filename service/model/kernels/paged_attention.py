@@ -13,7 +13,6 @@ works, `available()` is False and the step keeps its pure-torch attention.
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from torch import Tensor
 from service.model.kernels.build import kernel_function, use_threads
 
 _SOURCE = Path(__file__).with_name("paged_attention.c")
-_ARGUMENTS = (ctypes.c_void_p,) * 10 + (ctypes.c_int64,) * 10 + (ctypes.c_float,)
 
 
 def available() -> bool:
@@ -32,7 +30,7 @@ def available() -> bool:
 
 
 def _kernel() -> Any:
-    return kernel_function(_SOURCE, "paged_decode_attention", _ARGUMENTS)
+    return kernel_function(_SOURCE, "paged_decode_attention")
 
 
 MAX_HEAD_DIM = 512  # `paged_attention.c` and `batch_pass.c` keep a head in a stack array this wide
