@@ -9,9 +9,7 @@ refusal here (learned positions past their table) is the refusal a client gets.
 
 Writes `bench/results/extrapolation.md` (tables and run details) and `extrapolation.png`.
 
-`--suite training` scores the training-side members instead (`training.extension`: `zoo-rope`
-fine-tuned with PI, YaRN and PoSE, and `zoo-rope-randpos`) beside `zoo-rope` itself, each
-unscaled and under each fine-tune's fixed x4 scaling, into `extrapolation_training.md` / `.png`.
+The training-side members are scored by `bench.extrapolation_training`, with this module's parts.
 """
 
 from __future__ import annotations
@@ -48,11 +46,6 @@ LENGTHS = (256, 512, 1024, 2048, 4096)
 TAIL = 256
 ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")
 RESULTS_DIR = Path("bench/results")
-# The training-side members and their base; each is scored unscaled and under both fine-tunes'
-# scalings (PoSE's is linear x4 too), at the factor they were trained with.
-TRAINING_MEMBERS = ("zoo-rope", "zoo-rope-pi4", "zoo-rope-yarn4", "zoo-rope-pose", "zoo-rope-randpos")
-TRAINING_SCALINGS = ("none", "linear", "yarn")
-TRAINED_FACTOR = 4.0
 
 
 @dataclass(frozen=True)
@@ -116,11 +109,6 @@ _CANDIDATES = (
 )
 # Only the zoo's bundled members can be scored.
 SETTINGS = tuple(setting for setting in _CANDIDATES if setting.scheme in ZOO_SCHEMES)
-TRAINING_SETTINGS = tuple(
-    Setting("rope", scaling, model=model, fixed_factor=None if scaling == "none" else TRAINED_FACTOR)
-    for model in TRAINING_MEMBERS
-    for scaling in TRAINING_SCALINGS
-)
 
 
 @dataclass(frozen=True)
@@ -259,13 +247,6 @@ def machine_description() -> str:
 ZOO_INTRO = (
     f"Zoo models trained at {TRAINED_CONTEXT} bytes; scaled settings use factor = length / {TRAINED_CONTEXT}."
 )
-TRAINING_INTRO = (
-    f"`zoo-rope` (trained at {TRAINED_CONTEXT} bytes) and its training-side members "
-    "(docs/zoo.md): PI and YaRN x4 fine-tunes to 1024, PoSE (256-byte windows, positions "
-    "covering 1024, linear x4) and randomized positions (from scratch, positions from a range of "
-    f"4096). Every model runs unscaled and under linear and YaRN at the fine-tunes' fixed factor "
-    f"{TRAINED_FACTOR:g} (a member's own default is one of these; `none` overrides it)."
-)
 
 
 def render_markdown(
@@ -361,38 +342,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
     parser.add_argument("--threads", type=int, default=1, help="torch threads; 1 is fastest on a busy CPU")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
-    parser.add_argument(
-        "--suite",
-        choices=("zoo", "training"),
-        default="zoo",
-        help="the zoo's schemes, or the training-side members",
-    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     stream = load_corpus().held_out[: args.tokens]
-    training = args.suite == "training"
-    names = TRAINING_MEMBERS if training else tuple(f"zoo-{scheme}" for scheme in ZOO_SCHEMES)
     engine = InferenceEngine.from_model_dirs(
-        [args.models_dir / name for name in names], device="cpu", max_context=max(args.lengths)
+        [args.models_dir / f"zoo-{scheme}" for scheme in ZOO_SCHEMES],
+        device="cpu",
+        max_context=max(args.lengths),
     )
     engine.start()
     started = time.perf_counter()
     try:
-        results = run(engine, stream, args.lengths, TRAINING_SETTINGS if training else SETTINGS)
+        results = run(engine, stream, args.lengths)
     finally:
         engine.shutdown()
     command = shlex.join(
         ["python", "-m", "bench.extrapolation", *(argv if argv is not None else sys.argv[1:])]
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    seconds = time.perf_counter() - started
-    intro = TRAINING_INTRO if training else ZOO_INTRO
-    stem = "extrapolation_training" if training else "extrapolation"
-    (args.out / f"{stem}.md").write_text(
-        render_markdown(results, args.lengths, stream.numel(), seconds, command, intro)
-    )
-    title = "zoo-rope and its training-side members" if training else None
-    plot(results, args.lengths, args.out / f"{stem}.png", title)
+    markdown = render_markdown(results, args.lengths, stream.numel(), time.perf_counter() - started, command)
+    (args.out / "extrapolation.md").write_text(markdown)
+    plot(results, args.lengths, args.out / "extrapolation.png")
 
 
 if __name__ == "__main__":

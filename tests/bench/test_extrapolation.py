@@ -10,7 +10,6 @@ import torch
 
 from bench.extrapolation import (
     SETTINGS,
-    TRAINING_SETTINGS,
     Cell,
     Setting,
     markdown_table,
@@ -99,12 +98,3 @@ def test_tables_format_each_cell_attribute() -> None:
         markdown_table(results, (1, 2), "tail_change", signed=True)[-1]
         == "| alibi / none | +0.000 | +0.250 |"
     )
-
-
-def test_training_members_run_unscaled_and_at_the_fine_tunes_fixed_factor() -> None:
-    labels = [setting.label for setting in TRAINING_SETTINGS]
-    assert labels[:3] == ["zoo-rope / none", "zoo-rope / linear x4", "zoo-rope / yarn x4"]
-    assert {"zoo-rope-pi4 / linear x4", "zoo-rope-yarn4 / yarn x4", "zoo-rope-randpos / none"} <= set(labels)
-    yarn = Setting("rope", "yarn", model="zoo-rope-yarn4", fixed_factor=4.0)
-    assert yarn.rope_scaling(2 * NATIVE, NATIVE).factor == yarn.rope_scaling(8 * NATIVE, NATIVE).factor == 4.0
-    assert yarn.rope_scaling(8 * NATIVE, NATIVE).original_max_position_embeddings == NATIVE
