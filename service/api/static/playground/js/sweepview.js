@@ -55,19 +55,31 @@ function drawTable(table, sweep, points) {
   table.tBodies[0].append(...rows);
 }
 
+// A curve per scaling, the reference as a lone point, and dashed guides: the limit and the native context.
 function drawCurves(sweep, limit) {
+  const { reference } = sweep;
   const series = sweep.scalings.map((scaling, index) => ({
     label: scalingLabel(scaling),
     scaling: scalingLabel(scaling),
     colour: scaling.type === "none" ? colour("none") : seriesColour(index),
     points: sweep.lengths.map((length) => ({ x: length, y: cellFor(sweep, scaling, length).bits_per_token })),
   }));
-  const values = sweep.cells.map((cell) => cell.bits_per_token);
-  const [low, high] = [Math.min(...values, limit), Math.max(...values, limit)];
+  series.push({
+    label: `reference (none, ${reference.length})`, colour: colour("none"),
+    points: [{ x: reference.length, y: reference.bits_per_token }],
+  });
   const [first, last] = [sweep.lengths[0], sweep.lengths.at(-1)];
-  series.push({ label: `break limit (${limit.toFixed(3)})`, colour: GUIDE, dashed: true, points: [{ x: first, y: limit }, { x: last, y: limit }] });
+  series.push({
+    label: `break limit (${limit.toFixed(3)})`, colour: GUIDE, dashed: true,
+    points: [{ x: Math.min(first, reference.length), y: limit }, { x: Math.max(last, reference.length), y: limit }],
+  });
   if (first <= sweep.native && sweep.native <= last) {
-    series.push({ label: `native context (${sweep.native})`, colour: GUIDE, dashed: true, points: [{ x: sweep.native, y: low }, { x: sweep.native, y: high }] });
+    const values = [...sweep.cells, reference].map((cell) => cell.bits_per_token);
+    const [low, high] = [Math.min(...values, limit), Math.max(...values, limit)];
+    series.push({
+      label: `native context (${sweep.native})`, colour: GUIDE, dashed: true,
+      points: [{ x: sweep.native, y: low }, { x: sweep.native, y: high }],
+    });
   }
   lineChart("sweep-curves", series, { xTitle: "length L (tokens)", yTitle: "bits per token, tokens 2..L" });
 }
