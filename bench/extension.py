@@ -176,8 +176,8 @@ async def run_zoo(record: PartRecord) -> None:
 async def run_smollm2(
     record: PartRecord, lengths: Sequence[int], passkey_lengths: Sequence[int], gain_lengths: Sequence[int]
 ) -> None:
-    """Sweep, passkey, batching gain, each length recorded as it finishes: on a busy machine a run
-    cut short still leaves what it measured. Each length's scalings go to the server together."""
+    """Batching gain (short cells), sweep, passkey, each length recorded as it finishes: on a busy
+    machine a run cut short still leaves what it measured. Each length's scalings go out together."""
     text = corpus_text(CORPUS)
     gguf = subprocess.run(
         [sys.executable, "-m", "service.model.bundled", "smollm2"], capture_output=True, text=True, check=True
@@ -186,6 +186,8 @@ async def run_smollm2(
     with live_server([gguf], options=options, ready_timeout_s=900.0) as server:
         async with AsyncPEClient(server.base_url, timeout=LAB_TIMEOUT) as client:
             model = (await client.models())[0].name
+            log(f"smollm2 batching gain at {list(gain_lengths)}")
+            record.add(batching=await batching_gain(client, text, gain_lengths, SMOLLM2_SCALINGS, model))
             cells: list[SweepCell] = []
             for length in lengths:  # one length at a time, its scalings batched, each recorded
                 log(f"smollm2 sweep at {length}: {len(SMOLLM2_SCALINGS)} scalings")
@@ -220,8 +222,6 @@ async def run_smollm2(
                     plots=[name for name in record.data["plots"] if "passkey" not in name]
                     + save_plots(found, "extension-smollm2-passkey"),
                 )
-            log(f"smollm2 batching gain at {list(gain_lengths)}")
-            record.add(batching=await batching_gain(client, text, gain_lengths, SMOLLM2_SCALINGS, model))
 
 
 class PartRecord:
@@ -310,7 +310,7 @@ def main() -> None:
         "--lengths", default=",".join(map(str, SMOLLM2_LENGTHS)), help="smollm2 sweep lengths"
     )
     parser.add_argument("--passkey-lengths", default=",".join(map(str, SMOLLM2_LENGTHS)))
-    parser.add_argument("--gain-lengths", default="4096", help="smollm2 lengths timed both ways")
+    parser.add_argument("--gain-lengths", default="2048", help="smollm2 lengths timed both ways")
     args = parser.parse_args()
     if args.part == "zoo":
         asyncio.run(run_zoo(PartRecord("zoo")))
