@@ -229,7 +229,7 @@ def test_an_interrupted_sweep_cancels_its_requests_in_flight(zoo_server: LiveSer
             break
         asyncio.run(asyncio.sleep(0.1))
         seen = requests_seen(zoo_server)
-    assert len(finished) == 1
+    assert finished  # cancelled at the first cell back (others may land in the same loop turn)
     assert cancelled + scored == cells
     assert cancelled >= len(scalings)  # at least every full-length cell was still running
 
