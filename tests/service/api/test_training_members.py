@@ -23,7 +23,7 @@ from service.model.config import ModelConfig
 from service.model.transformer import Transformer
 from tests.live_server import LiveServer, live_server
 from tests.service.api.conftest import SERVER_ENV
-from tests.service.grpc.helpers import raw_call
+from tests.service.grpc.helpers import raw_call, request_bytes
 from training.corpus import Corpus
 from training.extend import extend
 from training.extension import recipe
@@ -96,3 +96,20 @@ def test_a_request_without_a_scaling_runs_the_training_scaling(zoo_dir: Path, se
     body = {"model": "zoo-rope-yarn4", "prompt": "def ", "max_new_tokens": 2}
     pe = httpx.post(server.url("/generate"), json=body, timeout=60).json()["pe"]
     assert (pe["scaling"]["type"], pe["scaling"]["factor"]) == ("yarn", 4.0)
+
+
+def test_every_api_selects_the_member_by_name(server: LiveServer) -> None:
+    """gRPC and the OpenAI-compatible API reach the member, with its default scaling, by `model`."""
+    assert server.grpc_target is not None
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        body = request_bytes("Score", {"model": "zoo-rope-yarn4", "tokens": WINDOW})
+        answer = raw_call(channel, "Score")(body, timeout=60)
+    assert answer.model == "zoo-rope-yarn4"
+    assert list(answer.token_logprobs) == pytest.approx(score(server), abs=1e-4)
+    completion = httpx.post(
+        server.url("/v1/completions"),
+        json={"model": "zoo-rope-yarn4", "prompt": "def ", "max_tokens": 2},
+        timeout=60,
+    )
+    assert completion.status_code == 200, completion.text
+    assert completion.json()["model"] == "zoo-rope-yarn4"
