@@ -28,6 +28,7 @@
  * `packed_linear_shared` is the loop for a team that is already running (the batch step opens
  * one team for its whole pass: a team per product cost 25 us each, 4 ms of a SmolLM2 step).
  */
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -51,6 +52,40 @@ static inline __attribute__((always_inline)) void accumulate(const float *restri
     }
 }
 
+/* A group's scales (and minimums) for the 32 columns of a panel. */
+typedef struct {
+    vec16 scale_low, scale_high, min_low, min_high;
+} GroupScales;
+
+static inline __attribute__((always_inline)) GroupScales group_scales(const float *scales, int64_t group,
+                                                                      int format) {
+    GroupScales g = {0};
+    if (format == INT8_PANELS) {
+        const float *at = scales + group * PANEL;
+        g.scale_low = load16(at), g.scale_high = load16(at + 16);
+    } else if (format == INT4_PANELS) {
+        const float *at = scales + group * 2 * PANEL;
+        g.scale_low = load16(at), g.scale_high = load16(at + 16);
+        g.min_low = load16(at + PANEL), g.min_high = load16(at + PANEL + 16);
+    }
+    return g;
+}
+
+/* Row k of a panel as 32 floats, in two halves. */
+static inline __attribute__((always_inline)) void panel_row(const void *panel, int64_t k, GroupScales g, int format,
+                                                            vec16 *low, vec16 *high) {
+    if (format == FLOAT_PANELS) {
+        const float *weights = (const float *)panel + k * PANEL;
+        *low = load16(weights), *high = load16(weights + 16);
+    } else if (format == INT8_PANELS) {
+        const signed char *codes = (const signed char *)panel + k * PANEL;
+        *low = load16_int8(codes) * g.scale_low, *high = load16_int8(codes + 16) * g.scale_high;
+    } else {
+        load32_uint4((const unsigned char *)panel + k * (PANEL / 2), low, high);
+        *low = *low * g.scale_low + g.min_low, *high = *high * g.scale_high + g.min_high;
+    }
+}
+
 /* `rows` (1..8) rows times one panel; a constant `rows` and `format` after inlining, so the
  * sums stay in registers. `bias` holds the panel's 32 entries (zeros where there is none);
  * `scales` the panel's scales (and minimums) per group for the packed formats. */
@@ -63,34 +98,29 @@ static inline __attribute__((always_inline)) void tile(const float *restrict x, 
         sums[r][0] = low;
         sums[r][1] = high;
     }
-    if (format == FLOAT_PANELS) {
-        const float *weights = panel;
-        for (int64_t k = 0; k < k_size; k++)
-            accumulate(x, x_row_stride, k, load16(weights + k * PANEL), load16(weights + k * PANEL + 16), rows, sums);
-    } else if (format == INT8_PANELS) {
-        const signed char *codes = panel;
-        for (int64_t start = 0; start < k_size; start += GROUP) {
-            const float *group = scales + (start / GROUP) * PANEL;
-            vec16 scale_low = load16(group), scale_high = load16(group + 16);
-            int64_t end = start + GROUP < k_size ? start + GROUP : k_size;
-            for (int64_t k = start; k < end; k++) {
-                vec16 w_low = load16_int8(codes + k * PANEL) * scale_low;
-                vec16 w_high = load16_int8(codes + k * PANEL + 16) * scale_high;
-                accumulate(x, x_row_stride, k, w_low, w_high, rows, sums);
-            }
+    for (int64_t start = 0; start < k_size; start += GROUP) {
+        GroupScales g = group_scales(scales, start / GROUP, format);
+        int64_t end = start + GROUP < k_size ? start + GROUP : k_size;
+        for (int64_t k = start; k < end; k++) {
+            vec16 w_low, w_high;
+            panel_row(panel, k, g, format, &w_low, &w_high);
+            accumulate(x, x_row_stride, k, w_low, w_high, rows, sums);
         }
-    } else { /* INT4_PANELS: K is a whole number of groups */
-        const unsigned char *codes = panel;
-        for (int64_t start = 0; start < k_size; start += GROUP) {
-            const float *group = scales + (start / GROUP) * 2 * PANEL;
-            vec16 scale_low = load16(group), scale_high = load16(group + 16);
-            vec16 min_low = load16(group + PANEL), min_high = load16(group + PANEL + 16);
-            for (int64_t k = start; k < start + GROUP; k++) {
-                vec16 w_low, w_high;
-                load32_uint4(codes + k * (PANEL / 2), &w_low, &w_high);
-                accumulate(x, x_row_stride, k, w_low * scale_low + min_low, w_high * scale_high + min_high, rows,
-                           sums);
-            }
+    }
+}
+
+/* A packed panel widened to float32 [K, 32]: the weights every tile of a product of more rows
+ * than one tile would otherwise widen again. */
+static inline __attribute__((always_inline)) void widen_panel(const void *panel, const float *scales,
+                                                              int64_t k_size, int format, float *restrict out) {
+    for (int64_t start = 0; start < k_size; start += GROUP) {
+        GroupScales g = group_scales(scales, start / GROUP, format);
+        int64_t end = start + GROUP < k_size ? start + GROUP : k_size;
+        for (int64_t k = start; k < end; k++) {
+            vec16 w_low, w_high;
+            panel_row(panel, k, g, format, &w_low, &w_high);
+            store16(out + k * PANEL, w_low);
+            store16(out + k * PANEL + 16, w_high);
         }
     }
 }
@@ -137,11 +167,16 @@ static inline __attribute__((always_inline)) void panel_rows(const float *x, int
 }
 
 /* Every thread of the running team calls this; each computes its share of the panels, and all
- * wait at the end for the whole product. `scales` is NULL for float32 panels. */
+ * wait at the end for the whole product. `scales` is NULL for float32 panels. `widened` is
+ * scratch of `kernel_threads` x K x 32 floats, or NULL: with it, a packed panel read by more rows
+ * than one tile is widened once into the thread's share, and the tiles read the floats (the same
+ * weights, so the same sums). */
 static void packed_linear_shared(const float *x, int64_t x_row_stride, const void *packed, const float *scales,
                                  int format, const float *bias, float *out, int64_t m_size, int64_t k_size,
-                                 int64_t n_size) {
+                                 int64_t n_size, float *widened) {
     int64_t panels = (n_size + PANEL - 1) / PANEL, groups = (k_size + GROUP - 1) / GROUP;
+    float *own = widened ? widened + (int64_t)omp_get_thread_num() * k_size * PANEL : NULL;
+    int widen = format != FLOAT_PANELS && own && m_size > TILE_ROWS;
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < panels; p++) {
         float panel_bias[PANEL];
@@ -150,21 +185,38 @@ static void packed_linear_shared(const float *x, int64_t x_row_stride, const voi
         memset(panel_bias, 0, sizeof panel_bias);
         if (bias) memcpy(panel_bias, bias + n, (size_t)columns * sizeof(float));
         /* One call per format, each inlined with its constant. */
-        if (format == INT8_PANELS)
-            panel_rows(x, x_row_stride, (const signed char *)packed + n * k_size, scales + p * groups * PANEL,
-                       panel_bias, INT8_PANELS, out + n, m_size, k_size, n_size, columns);
-        else if (format == INT4_PANELS)
-            panel_rows(x, x_row_stride, (const unsigned char *)packed + n * k_size / 2,
-                       scales + p * groups * 2 * PANEL, panel_bias, INT4_PANELS, out + n, m_size, k_size, n_size,
-                       columns);
-        else
+        if (format == INT8_PANELS) {
+            const signed char *panel = (const signed char *)packed + n * k_size;
+            const float *panel_scales = scales + p * groups * PANEL;
+            if (widen) {
+                widen_panel(panel, panel_scales, k_size, INT8_PANELS, own);
+                panel_rows(x, x_row_stride, own, NULL, panel_bias, FLOAT_PANELS, out + n, m_size, k_size, n_size,
+                           columns);
+            } else {
+                panel_rows(x, x_row_stride, panel, panel_scales, panel_bias, INT8_PANELS, out + n, m_size, k_size,
+                           n_size, columns);
+            }
+        } else if (format == INT4_PANELS) {
+            const unsigned char *panel = (const unsigned char *)packed + n * k_size / 2;
+            const float *panel_scales = scales + p * groups * 2 * PANEL;
+            if (widen) {
+                widen_panel(panel, panel_scales, k_size, INT4_PANELS, own);
+                panel_rows(x, x_row_stride, own, NULL, panel_bias, FLOAT_PANELS, out + n, m_size, k_size, n_size,
+                           columns);
+            } else {
+                panel_rows(x, x_row_stride, panel, panel_scales, panel_bias, INT4_PANELS, out + n, m_size, k_size,
+                           n_size, columns);
+            }
+        } else {
             panel_rows(x, x_row_stride, (const float *)packed + n * k_size, NULL, panel_bias, FLOAT_PANELS, out + n,
                        m_size, k_size, n_size, columns);
+        }
     }
 }
 
+/* `widened`: NULL, or scratch as `packed_linear_shared` takes it. */
 void packed_linear(const float *x, int64_t x_row_stride, const void *packed, const float *scales, int64_t format,
-                   const float *bias, float *out, int64_t m_size, int64_t k_size, int64_t n_size) {
+                   const float *bias, float *out, int64_t m_size, int64_t k_size, int64_t n_size, float *widened) {
 #pragma omp parallel num_threads(kernel_thread_count)
-    packed_linear_shared(x, x_row_stride, packed, scales, (int)format, bias, out, m_size, k_size, n_size);
+    packed_linear_shared(x, x_row_stride, packed, scales, (int)format, bias, out, m_size, k_size, n_size, widened);
 }

@@ -144,7 +144,9 @@ def packed_linear(input: Tensor, packed_weight: Panels, bias: Tensor | None, out
     bias = bias.float().contiguous() if bias is not None else None
     values, scales = packed_weight
     out = torch.empty((rows.shape[0], out_features), dtype=torch.float32)
-    use_threads(_SOURCE, torch.get_num_threads())
+    threads = torch.get_num_threads()
+    widened = torch.empty((threads, in_features, PANEL), dtype=torch.float32)  # each thread's panel
+    use_threads(_SOURCE, threads)
     kernel(
         rows.data_ptr(),
         rows.stride(0),
@@ -156,5 +158,6 @@ def packed_linear(input: Tensor, packed_weight: Panels, bias: Tensor | None, out
         rows.shape[0],
         in_features,
         out_features,
+        widened.data_ptr(),
     )
     return out.view(*input.shape[:-1], out_features)
