@@ -257,16 +257,24 @@ def sweep_bits(logprobs: list[float | None], start: int, length: int) -> float |
 
 @dataclass
 class Traffic:
-    """The URLs of the requests a page sent and of the responses it got, while recording."""
+    """The requests a page sent and the responses it got while recording, in order: ("sent" or
+    "answered", url)."""
 
-    sent: list[str] = field(default_factory=list)
-    answered: list[str] = field(default_factory=list)
+    events: list[tuple[str, str]] = field(default_factory=list)
 
     def request(self, request: Request) -> None:
-        self.sent.append(request.url)
+        self.events.append(("sent", request.url))
 
     def response(self, response: Response) -> None:
-        self.answered.append(response.url)
+        self.events.append(("answered", response.url))
+
+    @property
+    def sent(self) -> list[str]:
+        return [url for kind, url in self.events if kind == "sent"]
+
+    @property
+    def answered(self) -> list[str]:
+        return [url for kind, url in self.events if kind == "answered"]
 
 
 @contextlib.contextmanager
@@ -304,9 +312,13 @@ def test_sweep_cells_equal_score_alone_and_draw(
     with traffic(page) as seen:
         start_sweep(page, text, ", ".join(map(str, SWEEP_LENGTHS)), SWEEP_GRID)
         assert finish(page, "sweep-section") == "done", page.text_content("#sweep-message")
-    # One tokenization, then one /score per cell and one for the reference.
+    # One tokenization, then one /score per cell and one for the reference, all sent before the
+    # first answer (the browser holds back those past its six connections; the server batches the rest).
+    scores = len(SWEEP_LENGTHS) * len(SWEEP_SCALINGS) + 1
     assert seen.sent.count(server.url("/tokenize")) == 1
-    assert seen.sent.count(server.url("/score")) == len(SWEEP_LENGTHS) * len(SWEEP_SCALINGS) + 1
+    assert seen.sent.count(server.url("/score")) == scores
+    first_answer = seen.events.index(("answered", server.url("/score")))
+    assert seen.events[:first_answer].count(("sent", server.url("/score"))) == scores
     rendered = page.evaluate(
         """() => [...document.querySelectorAll("#sweep-table tbody tr")].map((row) => [
              JSON.parse(row.dataset.scaling),
