@@ -123,7 +123,7 @@ class StatusResponse(BaseModel):
 
 
 class RunningRequestInfo(BaseModel):
-    """A running request as its owner sees it (`GET` and `DELETE /requests/{id}`)."""
+    """A running request as its owner sees it (`GET` and `POST /requests/{id}/cancel`)."""
 
     request_id: str
     endpoint: str = Field(description="The route or gRPC method that made it.")
@@ -131,4 +131,6 @@ class RunningRequestInfo(BaseModel):
     jobs: int = Field(description="Its unfinished engine jobs (several for OpenAI's `n`).")
     tokens: int = Field(description="Prompt plus requested new tokens, as the per-key token limit counts.")
     age_s: float
-    cancelled: bool = Field(description="Stopped by its owner (`DELETE` or gRPC `Abort`).")
+    cancelled: bool = Field(
+        description="Stopped by its owner (`POST /requests/{id}/cancel` or gRPC `Abort`)."
+    )

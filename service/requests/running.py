@@ -102,7 +102,9 @@ def not_found(request_id: str) -> RequestError:
 
 
 def stopped_by_owner() -> RequestError:
-    return RequestError(ErrorKind.CANCELLED, "The request was stopped by Abort or DELETE /requests/{id}.")
+    return RequestError(
+        ErrorKind.CANCELLED, "The request was stopped by Abort or POST /requests/{id}/cancel."
+    )
 
 
 def key_limit(message: str, error_type: str) -> RequestError:

@@ -3,7 +3,7 @@
 One live server with three keys (two from `--api-key-file`, one from `--api-key`), one sequence
 at a time (`--max-batch-size 1`, so a second request waits in the queue behind a long one) and
 per-key limits of 2 requests and 500 tokens. The matrix: a request made by key A over HTTP or
-gRPC; key B's lookup (`GET /requests/{id}`), cancel (`DELETE /requests/{id}`) and gRPC `Abort`
+gRPC; key B's lookup (`GET /requests/{id}`), cancel (`POST /requests/{id}/cancel`) and gRPC `Abort`
 all answer NOT_FOUND as for an id nobody uses, while A's lookup finds it and A's cancel or Abort
 stops it.
 """
@@ -77,7 +77,7 @@ def lookup(client: httpx.Client, key: str, request_id: str) -> httpx.Response:
 
 
 def cancel(client: httpx.Client, key: str, request_id: str) -> httpx.Response:
-    return client.delete(f"/requests/{request_id}", headers=auth(key))
+    return client.post(f"/requests/{request_id}/cancel", headers=auth(key))
 
 
 def abort(channel: grpc.Channel, key: str, request_id: str) -> grpc.StatusCode:

@@ -1,4 +1,4 @@
-"""GET and DELETE /requests/{id}: a caller's own running request, looked up or cancelled.
+"""GET /requests/{id} and POST /requests/{id}/cancel: a caller's own running request, looked up or cancelled.
 
 The id is the request's `X-Request-ID` (the client's, or the one the server answered with) or a
 gRPC request's `request_id`: both transports file their requests in one ledger, so either route
@@ -22,7 +22,7 @@ async def lookup_request(request_id: str, caller: CallerDep, running: RunningDep
     return running.lookup(caller, request_id).info()
 
 
-@router.delete("/requests/{request_id}", responses=error_responses(401, 404))
+@router.post("/requests/{request_id}/cancel", responses=error_responses(401, 404))
 async def cancel_request(request_id: str, caller: CallerDep, running: RunningDep) -> RunningRequestInfo:
     """Stop one of the caller's running requests: its client's answer ends as cancelled (499, or
     an error event in a stream) and its batch slot is freed at the engine's next step."""
