@@ -20,7 +20,7 @@ from typing import Any, get_args
 import uvicorn
 from pydantic import ValidationError
 
-from service.api.connections import guarded_protocol
+from service.api.connections import KEEP_ALIVE_TIMEOUT_S, guarded_protocol
 from service.logs import logging_config
 from service.requests.state import Phase, ServiceState
 from service.server import create_server
@@ -234,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_config=logging_config(settings.log_level),
         access_log=False,
         timeout_graceful_shutdown=CONNECTION_GRACE_S,
+        timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S,
         server_header=False,
         http=guarded_protocol(
             header_timeout_s=settings.header_timeout_s,

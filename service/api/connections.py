@@ -30,6 +30,14 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.api.errors import error_body
 
+# How long a kept-alive connection may sit idle before the server closes it. Longer than the
+# clients' own pool expiry (httpx 5 s, aiohttp 15 s, nginx upstream 60 s): a client that reuses
+# a connection at the instant the server closes it gets a reset, not an answer, so the side that
+# gives up on an idle connection first should be the client. uvicorn's default, 5 s, raced httpx's
+# and requests' pools (12 resets in 288 requests sent after 5 s of idle; the likely cause of the
+# one "Network Error" of an outside fuzz run). Open connections stay capped by `max_connections`.
+KEEP_ALIVE_TIMEOUT_S = 75
+
 
 def raw_error(status: HTTPStatus, error_type: str, message: str) -> bytes:
     """A complete HTTP/1.1 error response, written straight to the transport (no ASGI app runs)."""
