@@ -20,9 +20,9 @@ from service.engine.types import SCALING_FIELD, ModelInfo, PEInfo, TokenizerInfo
 from service.model.checkpoint import is_checkpoint, load_checkpoint, read_config, training_method
 from service.model.config import ModelConfig
 from service.model.gguf_file import gguf_path, model_name, read_gguf
-from service.model.hf import build_hf_model, is_hf_checkpoint, load_hf_checkpoint
+from service.model.hf import build_hf_model, is_hf_checkpoint, load_hf_checkpoint, packed_blocks_by_layer
 from service.model.positional import SUPPORTED_SCALINGS, default_scaling
-from service.model.quantized import quantize_weights
+from service.model.quantized import PackedBlocks, quantize_weights
 from service.model.transformer import Transformer
 from service.tokenizers import ByteTokenizer, HFTokenizer, TextTokenizer, hf_tokenizer_info
 
@@ -152,6 +152,7 @@ def load_served_model(
     then pack its linear weights as `weights` says (a `WeightsError` if they cannot run here)."""
     tokenizer: TextTokenizer
     method = None
+    blocks: dict[str, PackedBlocks] = {}  # a checkpoint's own packed matrices, by our layer name
     if is_checkpoint(directory):
         name, _ = read_config(directory)
         method = training_method(directory)
@@ -166,6 +167,8 @@ def load_served_model(
         )
         tokenizer = HFTokenizer(json_text=checkpoint.tokenizer_json)
         tokenizer_info = checkpoint.tokenizer_info
+        tied = model.config.tie_embeddings
+        blocks = packed_blocks_by_layer(checkpoint.hf_config, checkpoint.blocks, tied=tied)
     elif is_hf_checkpoint(directory):
         if not (directory / "tokenizer.json").is_file():
             raise ValueError(f"{directory} is a Hugging Face checkpoint without tokenizer.json")
@@ -189,6 +192,6 @@ def load_served_model(
         weights=weights,
         training_method=method,
     )
-    model = quantize_weights(model, weights)  # after counting: packed layers hold no parameters
+    model = quantize_weights(model, weights, blocks)  # after counting: packed layers hold no parameters
     spec = ModelSpec(name=name, config=config, tokenizer=tokenizer, info=info, tokenizer_info=tokenizer_info)
     return ServedModel(spec, model)

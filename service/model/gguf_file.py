@@ -9,10 +9,15 @@ tokenizer. So a GGUF model is served by exactly the code that serves its Hugging
 
 llama.cpp's converter permutes the rows of the `llama` architecture's Q and K projections (its
 rotation pairs adjacent channels, Hugging Face's pairs the two halves); reading undoes it.
+
+Q8_0, Q4_0 and Q4_1 tensors are also kept as their codes and block scales (`blocks`), under the
+same names: `--weights int8` serves a Q8_0 matrix, and `--weights int4` a Q4 one, from the file's
+own codes rather than quantizing the dequantized floats again (`quantize_weights`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +30,7 @@ import torch
 
 from service.engine.types import TokenizerInfo
 from service.model.hf_families import UnsupportedCheckpointError
+from service.model.quantized import PackedBlocks
 
 # GGUF architecture -> Hugging Face model_type.
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
@@ -57,6 +63,7 @@ class GGUFCheckpoint:
     tensors: dict[str, torch.Tensor]
     tokenizer_json: str
     tokenizer_info: TokenizerInfo
+    blocks: dict[str, PackedBlocks]  # Hugging Face name -> the file's codes, for Q8_0 / Q4_0 / Q4_1
 
 
 def gguf_path(path: Path) -> Path | None:
@@ -96,7 +103,14 @@ def read_gguf(path: Path) -> GGUFCheckpoint:
     raw = {tensor.name: _dequantized(tensor) for tensor in reader.tensors}
     config = _hf_config(str(arch), meta, raw)
     tensors = _hf_tensors(str(arch), config, raw)
-    return GGUFCheckpoint(config, tensors, tokenizer_json(meta), _tokenizer_info(meta))
+    blocks: dict[str, PackedBlocks] = {}
+    for tensor in reader.tensors:
+        packed = _blocks(tensor)
+        place = _hf_place(str(arch), config, tensor.name)
+        if packed is not None and place is not None:
+            hf_name, heads = place
+            blocks[hf_name] = packed.map(functools.partial(_unpermute, heads=heads)) if heads else packed
+    return GGUFCheckpoint(config, tensors, tokenizer_json(meta), _tokenizer_info(meta), blocks)
 
 
 def _dequantized(tensor: Any) -> torch.Tensor:
@@ -104,6 +118,40 @@ def _dequantized(tensor: Any) -> torch.Tensor:
     values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     shape = tuple(int(size) for size in reversed(tensor.shape))
     return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
+
+
+# Block layouts in bytes: (bytes per block of 32, offset of the codes, has a minimum).
+_BLOCK_LAYOUTS = {
+    gguf.GGMLQuantizationType.Q8_0: (34, 2, False),
+    gguf.GGMLQuantizationType.Q4_0: (18, 2, False),
+    gguf.GGMLQuantizationType.Q4_1: (20, 4, True),
+}
+
+
+def _blocks(tensor: Any) -> PackedBlocks | None:
+    """A Q8_0 / Q4_0 / Q4_1 matrix's codes [N, K] and float16 block scales (and minimums) as
+    float32 [N, K / 32]; None for other types. Q8_0: W = code * d (codes int8). Q4_1: W = code * d
+    + m; Q4_0: W = (code - 8) * d, i.e. a minimum of -8 d (codes 0..15; byte j of a block holds
+    element j in its low nibble and element j + 16 in its high one)."""
+    layout = _BLOCK_LAYOUTS.get(tensor.tensor_type)
+    if layout is None or len(tensor.shape) != 2:
+        return None
+    size, codes_at, has_minimum = layout
+    data = np.asarray(tensor.data, dtype=np.uint8)
+    rows = data.shape[0]
+    blocks = data.reshape(rows, -1, size)  # [N, K / 32, size]
+    scales = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
+    payload = blocks[..., codes_at:]
+    if tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0:
+        codes = torch.from_numpy(payload.copy().view(np.int8).reshape(rows, -1))
+        return PackedBlocks("int8", codes, scales, None)
+    nibbles = np.concatenate([payload & 15, payload >> 4], axis=-1)  # [N, K / 32, 32]
+    codes = torch.from_numpy(nibbles.reshape(rows, -1).astype(np.uint8))
+    if has_minimum:
+        minimums = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+    else:
+        minimums = -8.0 * scales
+    return PackedBlocks("int4", codes, scales, minimums)
 
 
 def _hf_config(arch: str, meta: Mapping[str, Any], raw: Mapping[str, torch.Tensor]) -> dict[str, Any]:
@@ -177,23 +225,31 @@ def _hf_tensors(
 ) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for name, tensor in raw.items():
-        if name.startswith("rope_factors_"):
-            continue  # read into the config
-        stem, _, kind = name.rpartition(".")
-        if stem in _GLOBAL_NAMES:
-            tensors[f"{_GLOBAL_NAMES[stem]}.{kind}"] = tensor
-            continue
-        parts = stem.split(".")
-        if len(parts) != 3 or parts[0] != "blk" or parts[2] not in _LAYER_NAMES:
-            raise UnsupportedCheckpointError(f"GGUF tensor {name!r} is not one this loader maps")
-        ours = _LAYER_NAMES[parts[2]]
-        if arch == "phi3" and parts[2] == "ffn_up":
-            ours = "mlp.gate_up_proj"
-        if arch == "llama" and parts[2] in ("attn_q", "attn_k"):
-            heads = config["num_attention_heads" if parts[2] == "attn_q" else "num_key_value_heads"]
-            tensor = _unpermute(tensor, int(heads))
-        tensors[f"model.layers.{parts[1]}.{ours}.{kind}"] = tensor
+        place = _hf_place(arch, config, name)
+        if place is not None:
+            hf_name, heads = place
+            tensors[hf_name] = _unpermute(tensor, heads) if heads else tensor
     return tensors
+
+
+def _hf_place(arch: str, config: Mapping[str, Any], name: str) -> tuple[str, int | None] | None:
+    """The Hugging Face name of GGUF tensor `name`, with the head count whose rows llama.cpp
+    permuted (None where it did not); None for tensors read into the config instead."""
+    if name.startswith("rope_factors_"):
+        return None
+    stem, _, kind = name.rpartition(".")
+    if stem in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[stem]}.{kind}", None
+    parts = stem.split(".")
+    if len(parts) != 3 or parts[0] != "blk" or parts[2] not in _LAYER_NAMES:
+        raise UnsupportedCheckpointError(f"GGUF tensor {name!r} is not one this loader maps")
+    ours = _LAYER_NAMES[parts[2]]
+    if arch == "phi3" and parts[2] == "ffn_up":
+        ours = "mlp.gate_up_proj"
+    heads = None
+    if arch == "llama" and parts[2] in ("attn_q", "attn_k"):
+        heads = int(config["num_attention_heads" if parts[2] == "attn_q" else "num_key_value_heads"])
+    return f"model.layers.{parts[1]}.{ours}.{kind}", heads
 
 
 def _unpermute(tensor: torch.Tensor, heads: int) -> torch.Tensor:

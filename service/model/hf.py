@@ -30,6 +30,7 @@ from service.model.hf_families import (
     shape,
 )
 from service.model.hf_families import UnsupportedCheckpointError as UnsupportedCheckpointError
+from service.model.quantized import PackedBlocks
 from service.model.transformer import Transformer
 
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
@@ -96,6 +97,26 @@ def build_hf_model(
     state = {ours: value for key, tensor in tensors.items() for ours, value in key_map(key, tensor)}
     config = replace(config, tie_embeddings="lm_head.weight" not in state)
     return build_model(config, state, device=device, dtype=dtype, pe_cache=pe_cache)
+
+
+def packed_blocks_by_layer(
+    hf: Mapping[str, Any], blocks: Mapping[str, PackedBlocks], *, tied: bool
+) -> dict[str, PackedBlocks]:
+    """A checkpoint's packed matrices (Hugging Face names) under our layer names
+    (`layers.0.attn.q_proj`), renamed and split as their floats are; a tied head reads the
+    embedding's blocks."""
+    key_map = family(hf).keys(hf)
+    ours: dict[str, PackedBlocks] = {}
+    for key, packed in blocks.items():
+        parts = [packed.codes, packed.scales] + ([packed.minimums] if packed.minimums is not None else [])
+        mapped = [list(key_map(key, part)) for part in parts]
+        for index, (name, codes) in enumerate(mapped[0]):
+            scales = mapped[1][index][1]
+            minimums = mapped[2][index][1] if len(mapped) > 2 else None
+            ours[name.removesuffix(".weight")] = PackedBlocks(packed.weights, codes, scales, minimums)
+    if tied and "embed_tokens" in ours:
+        ours.setdefault("lm_head", ours["embed_tokens"])
+    return ours
 
 
 def load_hf_checkpoint(

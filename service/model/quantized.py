@@ -30,7 +30,8 @@ the float table). What a format costs in quality is measured (bits per token on 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +45,31 @@ INT4_GROUP = 32  # input channels sharing one scale and zero point, as in GGUF's
 
 class WeightsError(ValueError):
     """A weight format this model or device cannot use; raised at load, never at a request."""
+
+
+@dataclass(frozen=True)
+class PackedBlocks:
+    """A matrix as a checkpoint stores it packed (a GGUF Q8_0 or Q4 tensor): codes [N, K] with
+    one scale (and minimum) per output and group of 32 inputs. `weights` is the format that
+    serves these codes as they are: `int8` (codes int8, W = code * scale) or `int4` (codes 0..15,
+    W = code * scale + minimum)."""
+
+    weights: str
+    codes: Tensor
+    scales: Tensor  # [N, K / 32] float32
+    minimums: Tensor | None  # [N, K / 32] float32 (int4)
+
+    def map(self, function: Callable[[Tensor], Tensor]) -> PackedBlocks:
+        """The same blocks with `function` applied to each part (a row permutation, a split)."""
+        minimums = function(self.minimums) if self.minimums is not None else None
+        return PackedBlocks(self.weights, function(self.codes), function(self.scales), minimums)
+
+    def layer(self, bias: Tensor | None, dtype: torch.dtype) -> nn.Module:
+        """The packed layer serving these codes."""
+        if self.weights == "int8":
+            return Int8Linear(self.codes, self.scales, bias, group=INT8_GROUP, dtype=dtype)
+        assert self.minimums is not None
+        return Int4Linear(self.codes, self.scales, self.minimums, bias)
 
 
 class Int8Linear(nn.Module):
@@ -149,11 +175,15 @@ class Int4Linear(nn.Module):
         return F.linear(x, self.dequantized().to(x.dtype), bias)
 
 
-def quantize_weights(model: Transformer, weights: str) -> Transformer:
+def quantize_weights(
+    model: Transformer, weights: str, blocks: Mapping[str, PackedBlocks] | None = None
+) -> Transformer:
     """`model` with every block projection and the output head packed as `weights` says.
 
-    Raises `WeightsError` when the format cannot run here: int4 off a CPU, or a layer whose input
-    width is not a whole number of int4 groups.
+    `blocks` are a checkpoint's own packed matrices under our names (`layers.0.attn.q_proj`): a
+    layer whose blocks are in `weights`' format is served from those codes, and the others are
+    quantized from their floats. Raises `WeightsError` when the format cannot run here: int4 off a
+    CPU, or a layer whose input width is not a whole number of int4 groups.
     """
     if weights == "float":
         return model
@@ -170,10 +200,14 @@ def quantize_weights(model: Transformer, weights: str) -> Transformer:
             raise WeightsError(
                 f"weights 'int4' need input widths divisible by {INT4_GROUP}; {name} has {module.in_features}"
             )
+    own = {name: packed for name, packed in (blocks or {}).items() if packed.weights == weights}
     with torch.no_grad():
         for name, module in targets:
+            assert isinstance(module, nn.Linear)
+            stored = own.get(name)
+            layer = stored.layer(module.bias, module.weight.dtype) if stored is not None else packer(module)
             parent_name, _, attribute = name.rpartition(".")
-            setattr(model.get_submodule(parent_name), attribute, packer(module))
+            setattr(model.get_submodule(parent_name), attribute, layer)
     return model
 
 
@@ -212,6 +246,7 @@ __all__ = [
     "WEIGHT_FORMATS",
     "Int4Linear",
     "Int8Linear",
+    "PackedBlocks",
     "WeightsError",
     "quantize_weights",
     "weights_of",

@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 from service.api.chat_template import render_chat  # noqa: E402
-from service.engine.engine import InferenceEngine  # noqa: E402
+from service.engine.engine import InferenceEngine, load_models  # noqa: E402
 from service.engine.types import (  # noqa: E402
     GenerationRequest,
     GenerationResult,
@@ -148,6 +148,49 @@ def test_tiny_llama_gguf_matches_transformers(tmp_path: Path, quant: Any) -> Non
     with torch.inference_mode():
         difference = (ours(tokens) - reference_logits(path, tokens)).abs().max().item()
     assert difference <= 1e-4
+
+
+# The packed types a `--weights` format serves from the file's own codes.
+OWN_CODES = [(Q.Q8_0, "int8"), (Q.Q4_0, "int4"), (Q.Q4_1, "int4")]
+
+
+@pytest.mark.parametrize(("quant", "weights"), OWN_CODES, ids=[quant.name for quant, _ in OWN_CODES])
+def test_packed_blocks_are_the_file_s_codes_and_stand_for_its_floats(
+    tmp_path: Path, quant: Any, weights: str
+) -> None:
+    """The codes and block scales read from a Q8_0 / Q4 file, rows unpermuted like the floats,
+    give back exactly what gguf's own dequantization gives."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, quant)
+    checkpoint = read_gguf(path)
+    matrices = {name for name, tensor in checkpoint.tensors.items() if tensor.dim() == 2}
+    assert set(checkpoint.blocks) == matrices
+    for name, blocks in checkpoint.blocks.items():
+        assert blocks.weights == weights
+        rows = blocks.codes.shape[0]
+        groups = blocks.codes.float().view(rows, -1, 32) * blocks.scales[..., None]
+        if blocks.minimums is not None:
+            groups = groups + blocks.minimums[..., None]
+        torch.testing.assert_close(groups.view(rows, -1), checkpoint.tensors[name], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("quant", "weights"), OWN_CODES, ids=[quant.name for quant, _ in OWN_CODES])
+def test_a_packed_format_serves_the_file_s_own_codes(tmp_path: Path, quant: Any, weights: str) -> None:
+    """`--weights int8` on a Q8_0 file and `int4` on a Q4 file requantize nothing: every packed
+    layer holds the file's weights, and the logits are the float model's (the same weights)."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, quant)
+    [floats] = load_models([path], device="cpu", dtype="float32", weights="float")
+    [packed] = load_models([path], device="cpu", dtype="float32", weights=weights)
+    layers = dict(floats.model.named_modules())
+    served = {name: module for name, module in packed.model.named_modules() if hasattr(module, "dequantized")}
+    assert len(served) == 8  # q, k, v, o, gate, up, down and the head
+    for name, module in served.items():
+        float_weight = layers[name].weight
+        torch.testing.assert_close(module.dequantized(), float_weight, rtol=0, atol=1e-6)
+    tokens = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        torch.testing.assert_close(packed.model(tokens), floats.model(tokens), rtol=0, atol=1e-4)
 
 
 def test_tiny_qwen2_gguf_with_biases_matches_transformers(tmp_path: Path) -> None:
