@@ -174,7 +174,7 @@ def free_port() -> int:
 class ServerOptions:
     """How a benchmark starts the server; the defaults are those of the CPU runs in bench/results."""
 
-    threads: int = 1
+    threads: int | None = None  # None: the server's own default (every core)
     compile: bool = False
     device: str = "cpu"
     dtype: str = "float32"
@@ -194,8 +194,7 @@ def server_command(model_dir: Path | str, port: int | str, options: ServerOption
             str(MAX_BATCH_SIZE),
             "--max-queue",
             "0",
-            "--torch-threads",
-            str(options.threads),
+            *(("--torch-threads", str(options.threads)) if options.threads is not None else ()),
         ),
         *(compile_flags if options.compile else ("--no-compile",)),
         *("--kv-cache-mb", str(KV_CACHE_MB)),
@@ -224,16 +223,13 @@ def log_tail(log_path: Path, lines: int = 40) -> str:
 def running_server(model_dir: Path, log_path: Path, options: ServerOptions) -> Iterator[str]:
     """A ready server subprocess for the block, stopped (SIGTERM, then SIGKILL) whatever happens.
 
-    Its intra-op threads are pinned like the benchmark's own, so HTTP and in-process runs compute
-    with the same parallelism and the ratio between them is the serving path alone.
+    With `options.threads` its intra-op threads are pinned like the benchmark's own, so HTTP and
+    in-process runs compute with the same parallelism; without, each side runs as a user starts it.
     """
     port = free_port()
-    environment = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": str(options.threads),
-        "MKL_NUM_THREADS": str(options.threads),
-    }
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if options.threads is not None:
+        environment |= {"OMP_NUM_THREADS": str(options.threads), "MKL_NUM_THREADS": str(options.threads)}
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, *server_command(model_dir, port, options)],
@@ -723,7 +719,13 @@ class Results:
 
 
 def run_all(
-    ours_dir: Path, llama_dir: Path, workdir: Path, sizes: Sizes, repeats: int, threads: int, compile: bool
+    ours_dir: Path,
+    llama_dir: Path,
+    workdir: Path,
+    sizes: Sizes,
+    repeats: int,
+    threads: int | None,
+    compile: bool,
 ) -> Results:
     """Every section against one server process; the in-process engine only lives for section 1."""
     from transformers import LlamaForCausalLM
@@ -780,18 +782,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick)")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads, here and in the server")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="pin intra-op threads, here and in the server (default: each side's own, every core)",
+    )
     parser.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="the compiled decode pass in the server and the in-process engine (default on)",
+        default=False,
+        help="the compiled decode pass in the server and the in-process engine (default off, as the server)",
     )
     arguments = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(arguments)
     sizes = QUICK if args.quick else FULL
     repeats = args.repeats if args.repeats is not None else sizes.repeats
-    torch.set_num_threads(args.threads)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
     started = datetime.now(UTC)
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as workdir:
@@ -824,7 +832,7 @@ class Header:
     machine: str
     date: str
     source: str
-    threads: int
+    threads: int | None
     compile: bool
     repeats: int
     quick: bool
@@ -847,6 +855,12 @@ def code_revision() -> str:
     return described.stdout.strip()
 
 
+def threads_line(threads: int | None) -> str:
+    if threads is None:
+        return f"each side on its default intra-op threads ({torch.get_num_threads()} in this process)"
+    return f"{threads} intra-op thread(s) in the server and in this process"
+
+
 def verdict(met: bool) -> str:
     return "met" if met else "**not met**"
 
@@ -867,7 +881,7 @@ def report(header: Header, sizes: Sizes, results: Results) -> str:
         f"Python {platform.python_version()}",
         f"- Date: {header.date}; code: git {header.revision}",
         f"- Model: {header.source}, EOS disabled (every request runs to `max_new_tokens`), greedy "
-        f"(temperature 0), float32, {header.threads} intra-op thread(s) in the server and in this process",
+        f"(temperature 0), float32, {threads_line(header.threads)}",
         f"- Server (one process for every section, loopback only; MODEL_COPY is the EOS-disabled copy): "
         f"`{server}`",
         f"- Medians of {header.repeats} repeat(s), {header.repeats * sizes.short_run_repeats} for the "
