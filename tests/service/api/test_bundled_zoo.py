@@ -20,9 +20,15 @@ def test_default_server_serves_every_bundled_checkpoint() -> None:
         live_server(options={"device": "cpu"}) as server,
         httpx.Client(base_url=server.base_url, timeout=60.0) as client,
     ):
-        assert [card["name"] for card in client.get("/models").json()["models"]] == expected
-        for card in client.get("/models").json()["models"]:
-            request = {"prompt": "def ", "pe": card["scheme"], "max_new_tokens": 4, "seed": 0}
+        cards = client.get("/models").json()["models"]
+        assert [card["name"] for card in cards] == expected
+        for card in cards:
+            request = {"prompt": "def ", "model": card["name"], "max_new_tokens": 4, "seed": 0}
             response = client.post("/generate", json=request)
             assert response.status_code == 200, response.text
             assert response.json()["model"] == card["name"]
+        # `pe` alone picks each scheme's zoo model, never a training-side member (`zoo-rope-*`).
+        for card in cards:
+            if card.get("training_method") is None:
+                request = {"prompt": "def ", "pe": card["scheme"], "max_new_tokens": 4, "seed": 0}
+                assert client.post("/generate", json=request).json()["model"] == card["name"]
