@@ -363,13 +363,19 @@ class Fate(enum.Enum):
 
 
 def sdk_outcomes(
-    base_url: str, bodies: list[dict[str, Any]], streamed: set[int], concurrency: int
+    base_url: str, bodies: list[dict[str, Any]], streamed: set[int], concurrency: int, attempts: Counter[int]
 ) -> list[Fate]:
-    """Each body sent through the SDK (its default retries), the ones in `streamed` as streams."""
+    """Each body sent through the SDK (its default retries), the ones in `streamed` as streams;
+    `attempts` counts the statuses of every attempt, retries included."""
 
     async def run() -> list[Fate]:
         gate = asyncio.Semaphore(concurrency)
-        async with AsyncPEClient(base_url, timeout=120.0) as client:
+
+        async def count(response: httpx.Response) -> None:
+            attempts[response.status_code] += 1
+
+        http = httpx.AsyncClient(event_hooks={"response": [count]})
+        async with http, AsyncPEClient(base_url, timeout=120.0, http_client=http) as client:
 
             async def one(index: int) -> Fate:
                 async with gate:
@@ -417,7 +423,8 @@ def test_a_killed_replica_loses_no_request_that_was_not_streaming_and_is_replace
 
     killer = threading.Thread(target=kill_once_traffic_flows)
     killer.start()
-    fates = sdk_outcomes(ray_app.base_url, bodies, streamed, concurrency=8)
+    attempts: Counter[int] = Counter()
+    fates = sdk_outcomes(ray_app.base_url, bodies, streamed, 8, attempts)
     killer.join()
     assert killed.is_set()
     plain = Counter(fate for index, fate in enumerate(fates) if index not in streamed)
@@ -441,7 +448,8 @@ def test_a_killed_replica_loses_no_request_that_was_not_streaming_and_is_replace
         f"deploy/ray replica kill: {len(bodies) - len(streamed)} plain requests: "
         f"{plain[Fate.ANSWERED]} answered, {plain[Fate.LOST]} lost; {len(streamed)} streams: "
         f"{streams[Fate.ANSWERED]} answered, {streams[Fate.CUT_WITH_TYPED_ERROR]} cut with a typed error, "
-        f"{streams[Fate.LOST]} lost; after the restart {CONCURRENT}/{CONCURRENT} succeeded, "
+        f"{streams[Fate.LOST]} lost; attempts by status {dict(attempts)}; "
+        f"after the restart {CONCURRENT}/{CONCURRENT} succeeded, "
         f"by replica {dict(served_after)}; replacement running {replaced_after_s:.1f} s after the kill",
     )
 
