@@ -65,6 +65,7 @@ PLOT_FORMATS = (".png", ".svg")
 ZOO_LENGTHS = (256, 512, 1024, 2048, 4096)
 ZOO_FACTORS = (4, 16)
 ZOO_PASSKEY_LENGTHS = (256, 1024, 4096)
+ZOO_GAIN_LENGTHS = (1024, 4096)
 SMOLLM2_LENGTHS = (4096, 8192, 12288, 16384)
 SMOLLM2_NATIVE = 8192
 SMOLLM2_SCALINGS = (
@@ -142,7 +143,7 @@ async def run_zoo(record: PartRecord) -> None:
     text = corpus_text(CORPUS)
     with live_server([]) as server:
         async with AsyncPEClient(server.base_url, timeout=LAB_TIMEOUT) as client:
-            sweeps = []
+            sweeps: list[SweepResult] = []
             grids: dict[str, list[ScalingSpec]] = {}
             for card in await client.models():
                 config = json.loads((REPO / "models" / card.name / "config.json").read_text())
@@ -150,13 +151,18 @@ async def run_zoo(record: PartRecord) -> None:
                     card.supported_scalings, config["d_model"] // config["n_heads"]
                 )
                 log(f"zoo sweep {card.name}: {len(ZOO_LENGTHS)} lengths, {card.supported_scalings}")
-                sweeps.append(
-                    await async_sweep(
-                        client, text=text, lengths=ZOO_LENGTHS, scalings=grids[card.name], model=card.name
+                if card.scheme == "learned":
+                    sweeps.append(await learned_sweep(client, text, card.name, card.native_context))
+                else:
+                    sweeps.append(
+                        await async_sweep(
+                            client, text=text, lengths=ZOO_LENGTHS, scalings=grids[card.name], model=card.name
+                        )
                     )
-                )
-            log("zoo batching gain (zoo-rope)")
-            gain = await batching_gain(client, text, ZOO_LENGTHS, grids["zoo-rope"], "zoo-rope")
+                record.add(sweeps=[sweep_json(result) for result in sweeps])
+            log(f"zoo batching gain (zoo-rope at {list(ZOO_GAIN_LENGTHS)})")
+            gain = await batching_gain(client, text, ZOO_GAIN_LENGTHS, grids["zoo-rope"], "zoo-rope")
+            record.add(batching=gain)
             log("zoo passkey")
             passkey = await async_passkey(
                 client,
@@ -166,10 +172,27 @@ async def run_zoo(record: PartRecord) -> None:
                 model="zoo-rope",
             )
     record.add(
-        sweeps=[sweep_json(result) for result in sweeps],
-        batching=gain,
         passkey=passkey_json(passkey),
         plots=save_zoo_plot(sweeps) + save_plots(passkey, "extension-zoo-passkey"),
+    )
+
+
+async def learned_sweep(client: AsyncPEClient, text: str, model: str, native: int) -> SweepResult:
+    """A learned position table has no row past its native context: unscaled it runs to `native`,
+    stretched by a factor to `native` times that (the server refuses more with a 422)."""
+    parts = [await async_sweep(client, text=text, lengths=[native], scalings=["none"], model=model)]
+    for factor in ZOO_FACTORS:
+        lengths = [length for length in ZOO_LENGTHS if length <= native * factor]
+        parts.append(
+            await async_sweep(
+                client, text=text, lengths=lengths, scalings=[f"linear:factor={factor}"], model=model
+            )
+        )
+    return parts[0].model_copy(
+        update={
+            "cells": [cell for part in parts for cell in part.cells],
+            "wall_s": sum(part.wall_s for part in parts),
+        }
     )
 
 
@@ -420,6 +443,9 @@ def _sweep_lines(sweep: dict[str, Any]) -> list[str]:
     for name, cells in rows.items():
         values = []
         for length in lengths:
+            if length not in cells:  # a learned table unscaled (or stretched too little) stops short
+                values.append("—")
+                continue
             cell = cells[length]
             tail = cell["tail_bits_per_token"]
             values.append(f"{cell['bits_per_token']:.3f}" + ("" if tail is None else f" ({tail:.3f})"))
