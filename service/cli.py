@@ -87,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--weights",
         choices=get_args(Weights),
-        help="linear weights kept packed at run time: int8 (one scale per channel), int4 (groups of "
-        "32 with scale and zero, CPU only); /models says which (default float)",
+        help="linear weights kept packed at run time: int8 (a scale per 32 inputs, as GGUF Q8_0), int4 "
+        "(a scale and a minimum per 32 inputs, as GGUF Q4_1; CPU only); /models says which (default float)",
     )
     parser.add_argument(
         "--max-context", type=int, metavar="N", help="longest prompt + generation (default 4096)"
