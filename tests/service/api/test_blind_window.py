@@ -3,8 +3,14 @@ caught in the window gets an answer a client can act on (`bench/blind_window.py`
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import Counter
 from pathlib import Path
+
+import pytest
+from pe_client import ServiceUnavailableError
+from pe_client.grpc import GrpcPEClient
 
 from bench.blind_window import Call, kill_under_load
 from tests.live_server import live_server
@@ -29,3 +35,23 @@ def test_requests_caught_by_an_engine_kill_get_a_retryable_answer_and_health_tur
     assert caught
     refused = Counter(call.verdict() for call in caught if not acceptable(call))
     assert not refused, refused
+
+
+def test_a_grpc_stream_cut_by_an_engine_kill_ends_with_a_retryable_typed_status(tiny_zoo: list[Path]) -> None:
+    """Through the SDK: the stream raises `ServiceUnavailableError` (UNAVAILABLE with pe-serve's
+    error type and `retry-after`), not a connection error and not a short, complete-looking answer."""
+    with live_server(tiny_zoo[:1], options=BASE_OPTIONS, env=SERVER_ENV) as server:
+        assert server.grpc_target is not None
+        with (
+            GrpcPEClient(server.grpc_target, max_retries=0) as client,
+            client.generate_stream(prompt="a", max_new_tokens=400, temperature=0) as stream,
+        ):
+            events = iter(stream)
+            next(events)
+            os.kill(server.engine_pid(), signal.SIGKILL)
+            with pytest.raises(ServiceUnavailableError) as cut:
+                for _ in events:
+                    pass
+    assert cut.value.grpc_code == "UNAVAILABLE"
+    assert cut.value.type == "service_unavailable"
+    assert cut.value.headers.get("retry-after") == "1"
