@@ -68,14 +68,6 @@ def test_score_is_answered_once_per_id(client: httpx.Client) -> None:
     assert answers[0].content == answers[1].content
 
 
-def test_a_failure_is_not_kept(client: httpx.Client) -> None:
-    request_id = f"once-{uuid.uuid4().hex}"
-    unknown = {**BODY, "model": "no-such-model"}
-    statuses = [client.post("/generate", json=unknown, headers=with_id(request_id)).status_code for _ in range(2)]
-    assert statuses == [404, 404]
-    assert client.post("/generate", json=BODY, headers=with_id(request_id)).status_code == 200
-
-
 def test_a_run_whose_only_caller_left_is_cancelled(client: httpx.Client, server: LiveServer) -> None:
     wait_for(lambda: metric_value(client, "pe_serve_batch_size") == 0, "an idle batch")
     address = urlsplit(server.base_url)
