@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -160,8 +161,11 @@ def stage_text(stage: Stage) -> str:
     return f"{stage.steps} steps of {stage.batch_size} x {stage.context} bytes at x{factor:g}"
 
 
-def plot(curves: Sequence[Curve], path: Path) -> None:
+def plot(curves: Sequence[Curve], path: Path, stage_ends: Sequence[int] = ()) -> None:
+    """One loss curve per run; dotted lines where a stage ends and the context grows."""
     figure, axis = plt.subplots(figsize=(8, 5))
+    for end in stage_ends:
+        axis.axvline(end, color="grey", linestyle=":", linewidth=1)
     for curve in curves:
         steps, bits = zip(*curve.points, strict=True)
         axis.plot(steps, bits, marker="o", markersize=3, label=curve.name)
@@ -188,7 +192,9 @@ def main(argv: list[str] | None = None) -> None:
     pi, yarn = (read_curve(args.models_dir / recipe(method).name) for method in ("pi-ft", "yarn-ft"))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "extension_training.md").write_text(render(pi, yarn, records))
-    plot([pi, yarn], args.out / "extension_training.png")
+    pi_stages = next(record["stages"] for record in records if record["method"] == "pi-ft")
+    ends = list(itertools.accumulate(stage["steps"] for stage in pi_stages))[:-1]
+    plot([pi, yarn], args.out / "extension_training.png", ends)
 
 
 if __name__ == "__main__":

@@ -299,7 +299,7 @@ def spread_colour(index: int, colours: int) -> int:
     return (2 * index) % colours + (2 * index) // colours
 
 
-def plot(results: Results, lengths: Sequence[int], path: Path, title: str | None = None) -> None:
+def plot(results: Results, lengths: Sequence[int], path: Path, heading: str | None = None) -> None:
     """Three panels (tail, tail change, all positions), one line per setting; refusals left out."""
     figure, axes = plt.subplots(1, 3, figsize=(19, 5.5))
     palette = plt.get_cmap("tab20")
@@ -329,7 +329,7 @@ def plot(results: Results, lengths: Sequence[int], path: Path, title: str | None
         axis.grid(True, alpha=0.3)
     axes[0].set_ylabel("held-out bits per byte")
     axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    figure.suptitle(title or f"Zoo models trained at {TRAINED_CONTEXT} bytes")
+    figure.suptitle(heading or f"Zoo models trained at {TRAINED_CONTEXT} bytes")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

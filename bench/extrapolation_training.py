@@ -89,7 +89,7 @@ def render(cells_dir: Path, out: Path) -> None:
     lines = ["## Runs", "", "| member | command | wall time (s) |", "|---|---|---:|"]
     lines += [f"| {d['member']} | `{d['command']}` | {d['seconds']:.0f} |" for d in runs]
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{STEM}.md").write_text(markdown + "\n".join(lines) + "\n")
+    (out / f"{STEM}.md").write_text(markdown + "\n" + "\n".join(lines) + "\n")
     plot(results, lengths, out / f"{STEM}.png", "zoo-rope and its training-side members")
 
 
