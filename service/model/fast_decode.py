@@ -371,18 +371,25 @@ def c_batch_pass(model: Transformer, pool: PagedKVCache) -> batch_pass.BatchPass
 
 
 def _panels(projections: Sequence[torch.nn.Module | None]) -> Panels:
-    """One product's panels from the layers whose outputs it stacks (q, k, v; gate, up)."""
+    """One product's panels from the layers whose outputs it stacks (q, k, v; gate, up): their
+    codes when all are packed alike, else float32 panels of the weights they stand for (a file
+    may keep one projection at a finer format than its neighbours)."""
     int8 = [projection for projection in projections if isinstance(projection, Int8Linear)]
     int4 = [projection for projection in projections if isinstance(projection, Int4Linear)]
-    linear = [projection for projection in projections if isinstance(projection, torch.nn.Linear)]
     if len(int8) == len(projections):
         return pack_int8(torch.cat([p.codes for p in int8]), torch.cat([p.scales for p in int8]))
     if len(int4) == len(projections):
         stacked = (torch.cat([getter(p) for p in int4]) for getter in _INT4_PARTS)
         return pack_int4(*stacked)
-    if len(linear) == len(projections):
-        return pack_weight(torch.cat([p.weight for p in linear]))
-    raise ValueError(f"the C step reads layers of one format, not {[type(p).__name__ for p in projections]}")
+    return pack_weight(torch.cat([_float_weight(projection) for projection in projections]))
+
+
+def _float_weight(projection: torch.nn.Module | None) -> Tensor:
+    if isinstance(projection, Int8Linear | Int4Linear):
+        return projection.dequantized()
+    if isinstance(projection, torch.nn.Linear):
+        return projection.weight
+    raise ValueError(f"the C step reads linear layers, not {type(projection).__name__}")
 
 
 _INT4_PARTS: tuple[Callable[[Int4Linear], Tensor], ...] = (

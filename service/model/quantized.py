@@ -181,8 +181,9 @@ def quantize_weights(
     """`model` with every block projection and the output head packed as `weights` says.
 
     `blocks` are a checkpoint's own packed matrices under our names (`layers.0.attn.q_proj`): a
-    layer whose blocks are in `weights`' format is served from those codes, and the others are
-    quantized from their floats. Raises `WeightsError` when the format cannot run here: int4 off a
+    layer whose blocks are in `weights`' format, or a finer one (int8 blocks under int4: a GGUF
+    Q4 file's Q8_0 head), is served from those codes, and the others are quantized from their
+    floats. Raises `WeightsError` when the format cannot run here: int4 off a
     CPU, or a layer whose input width is not a whole number of int4 groups.
     """
     if weights == "float":
@@ -200,7 +201,7 @@ def quantize_weights(
             raise WeightsError(
                 f"weights 'int4' need input widths divisible by {INT4_GROUP}; {name} has {module.in_features}"
             )
-    own = {name: packed for name, packed in (blocks or {}).items() if packed.weights == weights}
+    own = {name: packed for name, packed in (blocks or {}).items() if packed.weights in _AS_FINE[weights]}
     with torch.no_grad():
         for name, module in targets:
             assert isinstance(module, nn.Linear)
@@ -225,6 +226,8 @@ _PACKERS: dict[str, Callable[[nn.Linear], nn.Module]] = {
     "int4": Int4Linear.quantize,
 }
 _CLASSES: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int4Linear}
+# The stored formats a `--weights` format serves as they are: its own and the finer ones.
+_AS_FINE: dict[str, tuple[str, ...]] = {"int8": ("int8",), "int4": ("int4", "int8")}
 # What `--weights` accepts (`service.settings.Weights` spells the same names for the CLI).
 WEIGHT_FORMATS: tuple[str, ...] = ("float", *_PACKERS)
 

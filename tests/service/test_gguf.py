@@ -32,6 +32,7 @@ from service.engine.types import (  # noqa: E402
 from service.model.bundled import bundled_model  # noqa: E402
 from service.model.gguf_file import read_gguf, read_metadata, tokenizer_json  # noqa: E402
 from service.model.hf import UnsupportedCheckpointError, build_hf_model  # noqa: E402
+from service.model.quantized import Int4Linear, Int8Linear  # noqa: E402
 from service.tokenizers import HFTokenizer  # noqa: E402
 from tests.live_server import live_server  # noqa: E402
 
@@ -72,8 +73,15 @@ def add(writer: Any, name: str, values: np.ndarray, quant: Any, rng: np.random.G
 
 
 def write_tiny_gguf(
-    path: Path, quant: Any, *, arch: str = "llama", metadata: dict[str, str | float] | None = None
+    path: Path,
+    quant: Any,
+    *,
+    arch: str = "llama",
+    metadata: dict[str, str | float] | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> None:
+    """`overrides` gives some tensors (`token_embd`, `output`, `attn_v`, ...) a type of their own,
+    as llama.cpp's mixes do."""
     rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(str(path), arch)
     for key, value in (metadata or {}).items():
@@ -102,9 +110,10 @@ def write_tiny_gguf(
     def random(*shape: int, scale: float = 0.2) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
-    add(writer, "token_embd.weight", random(VOCAB, WIDTH), quant, rng)
+    types = overrides or {}
+    add(writer, "token_embd.weight", random(VOCAB, WIDTH), types.get("token_embd", quant), rng)
     add(writer, "output_norm.weight", 1 + random(WIDTH, scale=0.1), quant, rng)
-    add(writer, "output.weight", random(VOCAB, WIDTH), quant, rng)
+    add(writer, "output.weight", random(VOCAB, WIDTH), types.get("output", quant), rng)
     q, k = random(HEADS * HEAD_DIM, WIDTH), random(KV_HEADS * HEAD_DIM, WIDTH)
     permuted = arch == "llama"
     layer = {
@@ -122,7 +131,7 @@ def write_tiny_gguf(
         for name, rows in (("attn_q", HEADS), ("attn_k", KV_HEADS), ("attn_v", KV_HEADS)):
             writer.add_tensor(f"blk.0.{name}.bias", random(rows * HEAD_DIM))
     for name, values in layer.items():
-        add(writer, f"blk.0.{name}.weight", values, quant, rng)
+        add(writer, f"blk.0.{name}.weight", values, types.get(name, quant), rng)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -191,6 +200,38 @@ def test_a_packed_format_serves_the_file_s_own_codes(tmp_path: Path, quant: Any,
     tokens = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         torch.testing.assert_close(packed.model(tokens), floats.model(tokens), rtol=0, atol=1e-4)
+
+
+def test_int4_keeps_a_q4_file_s_finer_q8_0_matrices_and_decodes_them_in_c(tmp_path: Path) -> None:
+    """A Q4_1 file with a Q8_0 head and value projection (as llama.cpp's mixes keep some tensors
+    finer): under `--weights int4` those stay int8 as stored, the C step reads every matrix in its
+    own format (the fused q, k, v product as the float32 weights they stand for), and its cached
+    decode gives the full pass's log-probabilities."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, Q.Q4_1, overrides={"output": Q.Q8_0, "attn_v": Q.Q8_0})
+    [floats] = load_models([path], device="cpu", dtype="float32", weights="float")
+    [served] = load_models([path], device="cpu", dtype="float32", weights="int4")
+    modules = dict(served.model.named_modules())
+    assert isinstance(modules["lm_head"], Int8Linear) and isinstance(
+        modules["layers.0.attn.v_proj"], Int8Linear
+    )
+    assert isinstance(modules["layers.0.attn.q_proj"], Int4Linear)
+    prompt = tuple((5 * i + 3) % VOCAB for i in range(20))
+    sampling = SamplingParams(max_new_tokens=8, temperature=0.0, logprobs=True, ignore_eos=True)
+    engine = InferenceEngine([served])
+    engine.start()
+    try:
+        assert engine.models()[0].backend == "c"
+        result = list(engine.submit(GenerationRequest("mixed", "tiny", prompt, sampling)))[-1]
+    finally:
+        engine.shutdown()
+    assert isinstance(result, GenerationResult) and result.logprobs is not None
+    with torch.inference_mode():
+        logits = floats.model(torch.tensor([prompt + result.tokens]))[0, len(prompt) - 1 : -1]
+    full = torch.log_softmax(logits.float(), dim=-1)
+    assert full.argmax(dim=-1).tolist() == list(result.tokens)
+    picked = full.gather(1, torch.tensor(result.tokens)[:, None])[:, 0]
+    assert max(abs(a - b) for a, b in zip(picked.tolist(), result.logprobs, strict=True)) <= 1e-4
 
 
 def test_tiny_qwen2_gguf_with_biases_matches_transformers(tmp_path: Path) -> None:

@@ -14,8 +14,9 @@
  *   layers       per layer 11 pointers: attn_norm [D], qkv (packed, N = (H + 2 Hkv) hd) and its
  *                scales, qkv_bias [N] or NULL, o_proj (packed, N = D) and its scales, mlp_norm [D],
  *                gate_up (packed, N = 2 F) and its scales, down (packed, N = D) and its scales;
- *                every matrix's panels in `weights_format` (see `packed_linear.c`), its scales NULL
- *                for float32 panels
+ *                a matrix's scales are NULL for float32 panels
+ *   formats      each matrix's panel format (`packed_linear.c`): per layer qkv, o_proj, gate_up and
+ *                down, then lm_head
  *   key_pages / value_pages  per layer, [Hkv, NB, BS, hd]: each row's new entries are written
  *   window_blocks [B, nb], positions [B]   as for `paged_decode_attention`
  *   final_norm [D], lm_head (packed, N = V) and its scales; logits [B, V] out
@@ -98,14 +99,13 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
                 const float *lm_head_scales, float *logits, float *workspace, int64_t batch, int64_t n_layers,
                 int64_t d_model, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t ffn, int64_t vocab,
                 int64_t rotary_dim, int64_t interleaved, int64_t num_blocks, int64_t block_size,
-                int64_t blocks_per_row, int64_t weights_format, float eps) {
+                int64_t blocks_per_row, const int64_t *formats, float eps) {
     int64_t qkv_width = (heads + 2 * kv_heads) * head_dim, attended_width = heads * head_dim;
     float *normed = workspace, *qkv = normed + batch * d_model, *attended = qkv + batch * qkv_width;
     float *projected = attended + batch * attended_width, *gate_up = projected + batch * d_model;
     float *activation = gate_up + batch * 2 * ffn, *scores = activation + batch * ffn;
     float *widened = scores + kernel_thread_count * blocks_per_row * block_size; /* see packed_linear_shared */
     float scale = 1.0f / sqrtf((float)head_dim);
-    int format = (int)weights_format;
     /* One team for the whole pass: the products, the attention and the activation share their
      * loops among its threads; the norms, rotations and residual adds (a few microseconds) run on
      * one thread while the others wait at the end of each `single`. */
@@ -113,10 +113,11 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
     {
         for (int64_t l = 0; l < n_layers; l++) {
             const void *const *w = layers + l * LAYER_TENSORS;
+            const int64_t *f = formats + l * 4; /* qkv, o_proj, gate_up, down */
 #pragma omp single
             rms_norm_rows(hidden, w[ATTN_NORM], normed, batch, d_model, eps);
-            packed_linear_shared(normed, d_model, w[QKV], w[QKV_SCALES], format, w[QKV_BIAS], qkv, batch, d_model,
-                                 qkv_width, widened);
+            packed_linear_shared(normed, d_model, w[QKV], w[QKV_SCALES], (int)f[0], w[QKV_BIAS], qkv, batch,
+                                 d_model, qkv_width, widened);
 #pragma omp single
             if (rope_cos) {
                 for (int64_t b = 0; b < batch; b++) {
@@ -130,24 +131,24 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
                                    key_pages[l], value_pages[l], window_blocks, positions, bias, attended, scores,
                                    qkv_width, qkv_width, qkv_width, batch, heads, kv_heads, head_dim, num_blocks,
                                    block_size, blocks_per_row, scale);
-            packed_linear_shared(attended, attended_width, w[O_PROJ], w[O_SCALES], format, NULL, projected, batch,
-                                 attended_width, d_model, widened);
+            packed_linear_shared(attended, attended_width, w[O_PROJ], w[O_SCALES], (int)f[1], NULL, projected,
+                                 batch, attended_width, d_model, widened);
 #pragma omp single
             {
                 add_rows(hidden, projected, batch * d_model);
                 rms_norm_rows(hidden, w[MLP_NORM], normed, batch, d_model, eps);
             }
-            packed_linear_shared(normed, d_model, w[GATE_UP], w[GATE_UP_SCALES], format, NULL, gate_up, batch,
+            packed_linear_shared(normed, d_model, w[GATE_UP], w[GATE_UP_SCALES], (int)f[2], NULL, gate_up, batch,
                                  d_model, 2 * ffn, widened);
             gated_activation(gate_up, activation, batch, ffn);
-            packed_linear_shared(activation, ffn, w[DOWN], w[DOWN_SCALES], format, NULL, projected, batch, ffn,
+            packed_linear_shared(activation, ffn, w[DOWN], w[DOWN_SCALES], (int)f[3], NULL, projected, batch, ffn,
                                  d_model, widened);
 #pragma omp single
             add_rows(hidden, projected, batch * d_model);
         }
 #pragma omp single
         rms_norm_rows(hidden, final_norm, normed, batch, d_model, eps);
-        packed_linear_shared(normed, d_model, lm_head, lm_head_scales, format, NULL, logits, batch, d_model, vocab,
-                             widened);
+        packed_linear_shared(normed, d_model, lm_head, lm_head_scales, (int)formats[n_layers * 4], NULL, logits,
+                             batch, d_model, vocab, widened);
     }
 }

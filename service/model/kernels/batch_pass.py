@@ -41,7 +41,7 @@ def _workspace_floats() -> Any:
 
 class CLayer(NamedTuple):
     """One layer's weights for the C step; matrices as `packed_linear.pack_weight`, `pack_int8` or
-    `pack_int4` laid them out, every matrix of a model in one format."""
+    `pack_int4` laid them out, each in its own format."""
 
     attn_norm: Tensor  # [D]
     qkv: Panels  # N = (H + 2 Hkv) hd
@@ -76,10 +76,8 @@ class BatchPass:
             for name, matrix in zip(("qkv", "o_proj", "gate_up", "down"), layer.matrices(), strict=True):
                 check_panels(matrix, f"layers[{index}].{name}")
         check_panels(lm_head, "lm_head")
-        formats = {matrix.format for layer in layers for matrix in layer.matrices()} | {lm_head.format}
-        if len(formats) != 1:
-            raise ValueError(f"the step's matrices must share one format, not {sorted(formats)}")
-        [self._format] = formats
+        formats = [matrix.format for layer in layers for matrix in layer.matrices()] + [lm_head.format]
+        self._formats = torch.tensor(formats, dtype=torch.int64)  # `batch_pass.c`'s order
         floats = [tensor for layer in layers for tensor in (layer.attn_norm, layer.qkv_bias, layer.mlp_norm)]
         floats += [final_norm, *key_pages, *value_pages]
         for tensor in floats:
@@ -91,7 +89,7 @@ class BatchPass:
             )
         self.config = config
         # The pointers below point into these: keep them alive.
-        self._tensors = (layers, final_norm, lm_head, key_pages, value_pages)
+        self._tensors = (layers, final_norm, lm_head, key_pages, value_pages, self._formats)
         self._layers = _pointers([tensor for layer in layers for tensor in layer.pointers()])
         self._key_pages, self._value_pages = _pointers(key_pages), _pointers(value_pages)
         self._final_norm, self._lm_head = final_norm.data_ptr(), _pointers(list(lm_head))
@@ -163,7 +161,7 @@ class BatchPass:
             "num_blocks": self._num_blocks,
             "block_size": self._block_size,
             "blocks_per_row": blocks_per_row,
-            "weights_format": self._format,
+            "formats": self._formats.data_ptr(),
             "eps": config.norm_eps,
         }
         step(*ordered(_SOURCE, "batch_pass", arguments))
