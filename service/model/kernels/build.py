@@ -97,11 +97,13 @@ def use_threads(source: Path, threads: int) -> None:
 
 
 def flags() -> tuple[str, ...]:
-    """`FLAGS`, with the sanitizers `PE_SERVE_KERNEL_SANITIZE` names (and their frame pointers)."""
+    """`FLAGS`, or with the sanitizers `PE_SERVE_KERNEL_SANITIZE` names: then at -O1 with line
+    tables and frame pointers, as ASan advises (and compiled in a third of -O3's time)."""
     sanitizers = os.environ.get(SANITIZE_ENV, "")
     if not sanitizers:
         return FLAGS
-    return (*FLAGS, f"-fsanitize={sanitizers}", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g")
+    base = tuple("-O1" if flag == "-O3" else flag for flag in FLAGS)
+    return (*base, f"-fsanitize={sanitizers}", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g1")
 
 
 def built_library(source: Path) -> Path:
