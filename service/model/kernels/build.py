@@ -33,7 +33,15 @@ logger = logging.getLogger("service.model.kernels")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fPIC", "-shared")
 SANITIZE_ENV = "PE_SERVE_KERNEL_SANITIZE"
 # C types a kernel's parameters and result may have; every pointer passes as a void pointer.
-_C_TYPES: dict[str, Any] = {"void": None, "int64_t": ctypes.c_int64, "float": ctypes.c_float}
+_C_TYPES: dict[str, Any] = {
+    "void": None,
+    "int": ctypes.c_int,
+    "int32_t": ctypes.c_int32,
+    "int64_t": ctypes.c_int64,
+    "size_t": ctypes.c_size_t,
+    "float": ctypes.c_float,
+    "double": ctypes.c_double,
+}
 _COMMENTS = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
 
 
