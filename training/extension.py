@@ -19,7 +19,8 @@ trains under. The step counts are sized to the 2-core CPU this zoo is trained on
   pairs PoSE with an interpolation, linear, NTK or YaRN, and reports that each works).
 - `randpos` (Ruoss et al. 2023, `training.positions.randomized_positions`): train from scratch
   like `zoo-rope` on 256-token windows whose positions are an ordered random subset of
-  [0, 4096). It is served, like every zoo model, at positions 0..T-1 with no scaling.
+  [0, 4096). It is served, like every zoo model, at positions 0..T-1 with no scaling. It trains
+  300 steps, a fifth of the zoo's 1,500: what fitted the shared CPU (docs/zoo.md).
 
 The fine-tunes use a constant learning rate after a short warm-up, as PI and YaRN do (both at
 2e-5 for LLaMA, about 1/15 of its pre-training peak); 3e-4 here is 1/10 of the zoo's peak.
