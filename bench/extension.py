@@ -300,6 +300,7 @@ def save_zoo_plot(sweeps: Sequence[SweepResult]) -> list[str]:
         rows, columns, figsize=(4 * columns, 3.4 * rows), squeeze=False, sharey=True
     )
     for axes, result in zip(panels.flat, sweeps, strict=False):
+        axes.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # zoo-rope has 13 scalings
         names = list(dict.fromkeys(label(cell.scaling) for cell in result.cells))
         for name in names:
             cells = [
@@ -329,7 +330,9 @@ def save_zoo_plot(sweeps: Sequence[SweepResult]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=("zoo", "smollm2", "report"), required=True)
+    parser.add_argument(
+        "--part", choices=("zoo", "smollm2", "report"), required=True, help="report: redraw and rewrite only"
+    )
     parser.add_argument(
         "--lengths", default=",".join(map(str, SMOLLM2_LENGTHS)), help="smollm2 sweep lengths"
     )
@@ -341,8 +344,25 @@ def main() -> None:
     elif args.part == "smollm2":
         lengths = (_ints(args.lengths), _ints(args.passkey_lengths), _ints(args.gain_lengths))
         asyncio.run(run_smollm2(PartRecord("smollm2"), *lengths))
+    else:
+        replot()
     REPORT.write_text(render_report())
     print(REPORT.read_text())
+
+
+def replot() -> None:
+    """Redraw every part's plots from its JSON (after a change to the plots, without a rerun)."""
+    for name in ("zoo", "smollm2"):
+        path = RESULTS / f"extension-{name}.json"
+        if not path.exists():
+            continue
+        part = json.loads(path.read_text())
+        sweeps = [SweepResult.model_validate(sweep) for sweep in part.get("sweeps", [])]
+        plots = save_zoo_plot(sweeps) if name == "zoo" else save_plots(sweeps[0], f"extension-{name}-sweep")
+        if "passkey" in part:
+            plots += save_plots(PasskeyResult.model_validate(part["passkey"]), f"extension-{name}-passkey")
+        part["plots"] = plots
+        path.write_text(json.dumps(part, indent=1) + "\n")
 
 
 def _ints(text: str) -> list[int]:

@@ -20,7 +20,7 @@ from pe_client.scaling import PEScaling, parse_scaling
 from pe_client.types import ModelInfo
 
 # Long field names shortened in labels; the JSON output keeps the full scaling.
-_SHORT_KEYS = {"original_max_position_embeddings": "orig"}
+_SHORT_KEYS = {"original_max_position_embeddings": "orig", "short_factor": "short", "long_factor": "long"}
 
 ScalingSpec = str | PEScaling
 """A SPEC string (which may expand to several scalings) or a typed scaling."""
@@ -136,11 +136,17 @@ def pick_model(cards: Sequence[ModelInfo], model: str | None) -> ModelInfo:
 
 
 def label(scaling: PEScaling) -> str:
-    """A short name for tables and legends: `none`, `yarn x4`, plus any field besides the factor."""
+    """A short name for tables and legends: `none`, `yarn x4`, plus any field besides the factor
+    (a list of factors as its one value when uniform, else its range)."""
     fields = scaling.model_dump(exclude_none=True, exclude={"type", "factor"})
     factor = getattr(scaling, "factor", None)
     text = scaling.type if factor is None else f"{scaling.type} x{factor:g}"
-    extras = ",".join(
-        f"{_SHORT_KEYS.get(key, key)}={value}" for key, value in fields.items() if not isinstance(value, list)
-    )
+    extras = ",".join(f"{_SHORT_KEYS.get(key, key)}={_short(value)}" for key, value in fields.items())
     return f"{text} ({extras})" if extras else text
+
+
+def _short(value: object) -> str:
+    if not isinstance(value, list):
+        return str(value)
+    low, high = min(value), max(value)
+    return f"{low:g}" if low == high else f"{low:g}..{high:g}"
