@@ -300,7 +300,7 @@ def save_zoo_plot(sweeps: Sequence[SweepResult]) -> list[str]:
         rows, columns, figsize=(4 * columns, 3.4 * rows), squeeze=False, sharey=True
     )
     for axes, result in zip(panels.flat, sweeps, strict=False):
-        axes.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # zoo-rope has 13 scalings
+        axes.set_prop_cycle(color=[plt.get_cmap("tab20")(index) for index in range(20)])  # 13 on zoo-rope
         names = list(dict.fromkeys(label(cell.scaling) for cell in result.cells))
         for name in names:
             cells = [
