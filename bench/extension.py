@@ -68,15 +68,19 @@ ZOO_PASSKEY_LENGTHS = (256, 1024, 4096)
 ZOO_GAIN_LENGTHS = (1024, 4096)
 SMOLLM2_LENGTHS = (4096, 8192, 12288, 16384)
 SMOLLM2_NATIVE = 8192
-SMOLLM2_SCALINGS = (
+SMOLLM2_SCALINGS = (  # in the order a run staged by scaling reaches them
     "none",
-    "linear:factor=2",
+    f"yarn:factor=2,original_max_position_embeddings={SMOLLM2_NATIVE}",
     "ntk:factor=2",
     f"dynamic:factor=2,original_max_position_embeddings={SMOLLM2_NATIVE}",
-    f"yarn:factor=2,original_max_position_embeddings={SMOLLM2_NATIVE}",
+    "linear:factor=2",
     f"llama3:factor=2,original_max_position_embeddings={SMOLLM2_NATIVE}",
 )
-SMOLLM2_PASSKEY_SCALINGS = (SMOLLM2_SCALINGS[0], SMOLLM2_SCALINGS[4], SMOLLM2_SCALINGS[3])
+SMOLLM2_PASSKEY_SCALINGS = (
+    SMOLLM2_SCALINGS[0],
+    SMOLLM2_SCALINGS[1],
+    SMOLLM2_SCALINGS[3],
+)  # none, yarn, dynamic
 DEPTHS = (0.1, 0.5, 0.9)
 
 
@@ -197,7 +201,11 @@ async def learned_sweep(client: AsyncPEClient, text: str, model: str, native: in
 
 
 async def run_smollm2(
-    record: PartRecord, lengths: Sequence[int], passkey_lengths: Sequence[int], gain_lengths: Sequence[int]
+    record: PartRecord,
+    lengths: Sequence[int],
+    passkey_lengths: Sequence[int],
+    gain_lengths: Sequence[int],
+    per_scaling: bool,
 ) -> None:
     """Batching gain (short cells), sweep, passkey, each length recorded as it finishes: on a busy
     machine a run cut short still leaves what it measured. Each length's scalings go out together."""
@@ -213,13 +221,20 @@ async def run_smollm2(
                 log(f"smollm2 batching gain at {list(gain_lengths)}")
                 record.add(batching=await batching_gain(client, text, gain_lengths, SMOLLM2_SCALINGS, model))
             cells: list[SweepCell] = []
-            for length in lengths:  # one length at a time, its scalings batched, each recorded
-                log(f"smollm2 sweep at {length}: {len(SMOLLM2_SCALINGS)} scalings")
+            # One length at a time with its scalings batched, or (--per-scaling, on a machine too
+            # busy for a whole length) one scaling at a time; each stage recorded as it ends.
+            stages = (
+                [(list(lengths), [scaling]) for scaling in SMOLLM2_SCALINGS]
+                if per_scaling
+                else [([length], list(SMOLLM2_SCALINGS)) for length in lengths]
+            )
+            for stage_lengths, stage_scalings in stages:
+                log(f"smollm2 sweep at {stage_lengths}: {stage_scalings}")
                 result = await async_sweep(
                     client,
                     text=text,
-                    lengths=[length],
-                    scalings=SMOLLM2_SCALINGS,
+                    lengths=stage_lengths,
+                    scalings=stage_scalings,
                     model=model,
                     on_cell=_log_cell,
                 )
@@ -338,12 +353,13 @@ def main() -> None:
     )
     parser.add_argument("--passkey-lengths", default=",".join(map(str, SMOLLM2_LENGTHS)))
     parser.add_argument("--gain-lengths", default="2048", help="smollm2 lengths timed both ways")
+    parser.add_argument("--per-scaling", action="store_true", help="smollm2 sweep stages by scaling")
     args = parser.parse_args()
     if args.part == "zoo":
         asyncio.run(run_zoo(PartRecord("zoo")))
     elif args.part == "smollm2":
         lengths = (_ints(args.lengths), _ints(args.passkey_lengths), _ints(args.gain_lengths))
-        asyncio.run(run_smollm2(PartRecord("smollm2"), *lengths))
+        asyncio.run(run_smollm2(PartRecord("smollm2"), *lengths, per_scaling=args.per_scaling))
     else:
         replot()
     REPORT.write_text(render_report())
