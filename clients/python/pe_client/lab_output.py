@@ -166,7 +166,9 @@ def plot_passkey(result: PasskeyResult, path: Path) -> None:
     scalings = list(dict.fromkeys(label(cell.scaling) for cell in result.cells))
     lengths = sorted({cell.length for cell in result.cells})
     depths = list(dict.fromkeys(cell.depth for cell in result.cells))
-    figure, panels = plt.subplots(1, len(scalings), figsize=(3.6 * len(scalings) + 1, 3.6), squeeze=False)
+    figure, panels = plt.subplots(
+        1, len(scalings), figsize=(3.6 * len(scalings) + 1, 3.8), squeeze=False, layout="constrained"
+    )
     image = None
     for axes, name in zip(panels[0], scalings, strict=True):
         share = {(c.depth, c.length): c.correct / c.trials for c in result.cells if label(c.scaling) == name}
