@@ -70,6 +70,7 @@ MAX_WINDOW = 128
 STEP_GOAL_MS = 0.15  # at batch 1
 POOL_BYTES = 256 << 20
 REQUEST_TIMEOUT_S = 300.0
+TIMING_TRIES = 3  # runs per timing of generate(); the least counts
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(arguments)
     if args.quick:
-        args.batches, args.prompt_tokens, args.steps = [1, 2], 8, 4
+        args.batches, args.prompt_tokens, args.steps = [1, 2], 8, 16
         args.repeats, args.clients, args.new_tokens = 1, 2, 8
     device = torch.device(args.device)
     dtype = resolve_dtype(args.dtype, device)
@@ -182,11 +183,16 @@ def measure_steps(
 
 
 def generate_step_ms(reference: Any, batch: int, args: argparse.Namespace) -> float:
-    """`generate()`'s ms per decode pass: the time of `args.steps` more tokens, over their count."""
+    """`generate()`'s ms per decode pass: the time of `args.steps` more tokens, over their count.
+    Each of the two times is the least of `TIMING_TRIES` runs, so that a pause of the machine in
+    the shorter run cannot make the difference negative."""
     rows = prompts(batch, args.prompt_tokens)
     steps: int = args.steps
-    longer, one = timed_generate(reference, rows, 1 + steps), timed_generate(reference, rows, 1)
-    return (longer - one) / steps * 1000.0
+
+    def fastest(new_tokens: int) -> float:
+        return min(timed_generate(reference, rows, new_tokens) for _ in range(TIMING_TRIES))
+
+    return (fastest(1 + steps) - fastest(1)) / steps * 1000.0
 
 
 def measure_http(args: argparse.Namespace, base_url: str, reference: Any) -> dict[str, list[Measurement]]:
