@@ -28,6 +28,7 @@ import asyncio
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -273,7 +274,7 @@ class PartRecord:
             "run": {
                 "commit": _commit(),
                 "machine": f"{platform.machine()}, {_cores()} cores",
-                "command": " ".join(["python -m bench.extension", *sys.argv[1:]]),
+                "command": "python -m bench.extension " + shlex.join(sys.argv[1:]),
             }
         }
 
