@@ -443,7 +443,7 @@ def _part_lines(part: dict[str, Any]) -> list[str]:
     ]
     missing = [stage for stage in ("sweeps", "passkey") if stage not in part]
     if missing:
-        lines += [f"**Partial run**: it stopped before these stages finished: {', '.join(missing)}.", ""]
+        lines += [f"**Reduced run** (see its command): no {', '.join(missing)} stage.", ""]
     for sweep in part.get("sweeps", []):
         lines += _sweep_lines(sweep)
     if "batching" in part:
