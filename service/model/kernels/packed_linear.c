@@ -166,6 +166,21 @@ static inline __attribute__((always_inline)) void panel_rows(const float *x, int
 #undef REST
 }
 
+/* One packed panel for all M rows: read as it is, or first widened into `scratch` (when not
+ * NULL) and read as floats. A constant `format` after inlining. */
+static inline __attribute__((always_inline)) void packed_panel_rows(const float *x, int64_t x_row_stride,
+                                                                    const void *panel, const float *scales,
+                                                                    const float *bias, int format, float *scratch,
+                                                                    float *out, int64_t m_size, int64_t k_size,
+                                                                    int64_t n_size, int64_t columns) {
+    if (scratch) {
+        widen_panel(panel, scales, k_size, format, scratch);
+        panel_rows(x, x_row_stride, scratch, NULL, bias, FLOAT_PANELS, out, m_size, k_size, n_size, columns);
+    } else {
+        panel_rows(x, x_row_stride, panel, scales, bias, format, out, m_size, k_size, n_size, columns);
+    }
+}
+
 /* Every thread of the running team calls this; each computes its share of the panels, and all
  * wait at the end for the whole product. `scales` is NULL for float32 panels. `widened` is
  * scratch of `kernel_threads` x K x 32 floats, or NULL: with it, a packed panel read by more rows
@@ -176,7 +191,7 @@ static void packed_linear_shared(const float *x, int64_t x_row_stride, const voi
                                  int64_t n_size, float *widened) {
     int64_t panels = (n_size + PANEL - 1) / PANEL, groups = (k_size + GROUP - 1) / GROUP;
     float *own = widened ? widened + (int64_t)omp_get_thread_num() * k_size * PANEL : NULL;
-    int widen = format != FLOAT_PANELS && own && m_size > TILE_ROWS;
+    float *scratch = format != FLOAT_PANELS && m_size > TILE_ROWS ? own : NULL;
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < panels; p++) {
         float panel_bias[PANEL];
@@ -185,32 +200,16 @@ static void packed_linear_shared(const float *x, int64_t x_row_stride, const voi
         memset(panel_bias, 0, sizeof panel_bias);
         if (bias) memcpy(panel_bias, bias + n, (size_t)columns * sizeof(float));
         /* One call per format, each inlined with its constant. */
-        if (format == INT8_PANELS) {
-            const signed char *panel = (const signed char *)packed + n * k_size;
-            const float *panel_scales = scales + p * groups * PANEL;
-            if (widen) {
-                widen_panel(panel, panel_scales, k_size, INT8_PANELS, own);
-                panel_rows(x, x_row_stride, own, NULL, panel_bias, FLOAT_PANELS, out + n, m_size, k_size, n_size,
-                           columns);
-            } else {
-                panel_rows(x, x_row_stride, panel, panel_scales, panel_bias, INT8_PANELS, out + n, m_size, k_size,
-                           n_size, columns);
-            }
-        } else if (format == INT4_PANELS) {
-            const unsigned char *panel = (const unsigned char *)packed + n * k_size / 2;
-            const float *panel_scales = scales + p * groups * 2 * PANEL;
-            if (widen) {
-                widen_panel(panel, panel_scales, k_size, INT4_PANELS, own);
-                panel_rows(x, x_row_stride, own, NULL, panel_bias, FLOAT_PANELS, out + n, m_size, k_size, n_size,
-                           columns);
-            } else {
-                panel_rows(x, x_row_stride, panel, panel_scales, panel_bias, INT4_PANELS, out + n, m_size, k_size,
-                           n_size, columns);
-            }
-        } else {
+        if (format == INT8_PANELS)
+            packed_panel_rows(x, x_row_stride, (const signed char *)packed + n * k_size, scales + p * groups * PANEL,
+                              panel_bias, INT8_PANELS, scratch, out + n, m_size, k_size, n_size, columns);
+        else if (format == INT4_PANELS)
+            packed_panel_rows(x, x_row_stride, (const unsigned char *)packed + n * k_size / 2,
+                              scales + p * groups * 2 * PANEL, panel_bias, INT4_PANELS, scratch, out + n, m_size,
+                              k_size, n_size, columns);
+        else
             panel_rows(x, x_row_stride, (const float *)packed + n * k_size, NULL, panel_bias, FLOAT_PANELS, out + n,
                        m_size, k_size, n_size, columns);
-        }
     }
 }
 
