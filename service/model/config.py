@@ -115,6 +115,11 @@ class ModelConfig:
         return self.pe in ROPE_SCHEMES
 
     @property
+    def has_score_bias(self) -> bool:
+        """Whether the scheme adds a bias to the attention scores (ALiBi, T5)."""
+        return self.pe in ("alibi", "rope_alibi", "t5_bias")
+
+    @property
     def head_dim(self) -> int:
         return self.head_dim_override or self.d_model // self.n_heads
 

@@ -62,7 +62,7 @@ logger = logging.getLogger("service.model.fast_decode")
 MIN_WINDOW = 64
 DEFAULT_MAX_WINDOW = 512
 DEFAULT_MAX_BATCH = 64
-# Tokens x keys of a prompt chunk past which it runs eager (see `FastDecoder.prefills`).
+# Tokens x keys of a biased scheme's prompt chunk past which it runs eager (`FastDecoder.prefills`).
 C_PREFILL_MAX_READS = 1 << 20
 
 StepFunction = Callable[..., Tensor]
@@ -202,15 +202,18 @@ class FastDecoder:
     def prefills(self, lengths: Sequence[int], counts: Sequence[int]) -> bool:
         """Whether a prompt chunk of `counts` tokens per row, after `lengths` cached, runs in C.
 
-        The C step attends row by row, so its cost grows with tokens x keys; past
-        `C_PREFILL_MAX_READS` of them the eager pass (BLAS products, a blocked attention) reads
-        the chunk faster: SmolLM2 read a 3,298-token prompt in 1,536-token chunks in 11.1-11.2 s
-        in C against 8.9-9.8 s eager, where 256 tokens alone took 377 ms in C against 469 ms.
+        Without a bias on the scores, a chunk's attention reads each key block once per tile of
+        its rows (`chunk_attention.h`), and every chunk in the window runs in C: SmolLM2 read a
+        3,298-token prompt in 6.7 s against 9.3 s with chunks deep in the prompt eager (BLAS
+        products, a blocked attention). A biased scheme (ALiBi, T5) attends row by row, whose
+        cost grows with tokens x keys: past `C_PREFILL_MAX_READS` of them the eager pass is faster.
         """
-        if self.c_pass is None or min(counts) < 1:
+        if self.c_pass is None or min(counts) < 1 or self._chunk_window(lengths, counts) > self.max_window:
             return False
+        if self.c_pass.tiles_chunks and not self.model.config.has_score_bias:
+            return True
         reads = sum(count * (length + count) for length, count in zip(lengths, counts, strict=True))
-        return reads <= C_PREFILL_MAX_READS and self._chunk_window(lengths, counts) <= self.max_window
+        return reads <= C_PREFILL_MAX_READS
 
     def _chunk_window(self, lengths: Sequence[int], counts: Sequence[int]) -> int:
         """The bucket whose window holds every row's keys after its chunk."""
@@ -260,7 +263,8 @@ class FastDecoder:
         )
         last = torch.tensor(list(itertools.accumulate(counts)), device=device) - 1
         with torch.inference_mode():
-            hidden = self._run_in_c(inputs, logits=False)  # [T, D], the residual after every layer
+            # [T, D], the residual after every layer
+            hidden = self._run_in_c(inputs, logits=False, runs=counts)
             logits: Tensor = self.model.lm_head(self.model.norm(hidden[last])).float()
         keys = self._table_keys(scalings, table_lengths)
         rows.advance(torch.tensor([list(chunk) for chunk in chunks]), keys, counts)
@@ -299,12 +303,14 @@ class FastDecoder:
                 return self._run_in_c(inputs)
             return self._torch_step(inputs)
 
-    def _run_in_c(self, inputs: PassInputs, *, logits: bool = True) -> Tensor:
+    def _run_in_c(self, inputs: PassInputs, *, logits: bool = True, runs: Sequence[int] = ()) -> Tensor:
         """The step in C, after the torch step's own prelude (embedding, tables, bias): logits
-        [B, V], or with `logits=False` the final residual [B, D] before the model's last norm."""
+        [B, V], or with `logits=False` the final residual [B, D] before the model's last norm.
+        `runs`: a prompt chunk's rows per sequence (`BatchPass`)."""
         assert self.c_pass is not None
         hidden, rope, bias = pass_prelude(self.shape, self.prelude, inputs)
-        return self.c_pass(hidden, rope, bias, inputs.window_blocks, inputs.positions, logits=logits)
+        blocks, positions = inputs.window_blocks, inputs.positions
+        return self.c_pass(hidden, rope, bias, blocks, positions, logits=logits, runs=runs)
 
     def _torch_step(self, inputs: PassInputs) -> Tensor:
         """The torch step, compiled or not. Batch size and table count vary without recompiling

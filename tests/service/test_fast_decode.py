@@ -213,6 +213,69 @@ def test_prompt_chunks_in_c_equal_the_eager_pass(
         assert float(gap.abs().max()) < TOLERANCE
 
 
+@pytest.mark.parametrize("threads", [1, 2], ids=["1-thread", "2-threads"])
+@pytest.mark.parametrize(
+    "heads",
+    [
+        {"n_heads": 6, "n_kv_heads": 2, "head_dim_override": 32},  # groups of 3: tiles of whole tokens
+        {"n_heads": 4, "n_kv_heads": 4, "head_dim_override": 16},
+    ],
+    ids=["gqa", "mha"],
+)
+def test_long_prompt_chunks_attend_in_tiles_as_the_eager_pass(heads: dict[str, int], threads: int) -> None:
+    """Runs longer than a tile, starting mid-block after different pasts, with a one-token run
+    among them: the tiled attention (`chunk_attention.h`) gives the eager pass's logits and
+    cached entries."""
+    require_kernel(batch_pass.available, "batch step")
+    model = tiny_transformer(native_context=NATIVE, pe="rope", **heads)
+    decoder = FastDecoder(model, pool_for(model), Backend.C, max_window=256)
+    assert decoder.c_pass is not None and decoder.c_pass.tiles_chunks
+    eager_pool = pool_for(model)
+    generator = torch.Generator().manual_seed(7)
+    pasts, counts = (5, 37, 90), (101, 64, 1)
+    prompts = [
+        torch.randint(0, 256, (past + count,), generator=generator).tolist()
+        for past, count in zip(pasts, counts, strict=True)
+    ]
+    scalings = [NONE, LINEAR, WIDE_SCALINGS["yarn"]]
+    views = []
+    for pool in (eager_pool, decoder.pool):
+        rows = [pool.allocate(len(prompt) + 1) for prompt in prompts]
+        view = PagedRows(pool, rows)
+        tokens = [
+            prompt[:past] + [0] * (max(pasts) - past) for prompt, past in zip(prompts, pasts, strict=True)
+        ]
+        with torch.inference_mode():
+            model(
+                torch.tensor(tokens),
+                scaling=scalings,
+                cache=view,
+                table_lengths=[len(p) for p in prompts],
+                counts=list(pasts),
+            )
+        views.append(view)
+    chunks = [
+        tuple(prompt[past:]) + (0,) * (max(counts) - count)
+        for prompt, past, count in zip(prompts, pasts, counts, strict=True)
+    ]
+    table_lengths = [len(prompt) for prompt in prompts]
+    assert decoder.prefills(views[1].lengths, counts)
+    with torch.inference_mode():
+        expected = model(
+            torch.tensor(chunks),
+            scaling=scalings,
+            cache=views[0],
+            table_lengths=table_lengths,
+            counts=list(counts),
+        )[:, -1].float()  # each row at its last real token
+    with torch_threads(threads):
+        logits = decoder.prefill(views[1], chunks, counts, scalings, table_lengths)
+    assert float((logits - expected).abs().max()) < TOLERANCE
+    for eager_row, row in zip(views[0].rows, views[1].rows, strict=True):
+        gap = written_entries(decoder.pool, row) - written_entries(eager_pool, eager_row)
+        assert float(gap.abs().max()) < TOLERANCE
+
+
 def test_prompt_chunks_past_the_window_or_off_the_c_backend_run_eager() -> None:
     model = tiny_transformer(native_context=NATIVE, pe="rope")
     compiled = FastDecoder(model, pool_for(model), Backend.COMPILED, inductor=False)

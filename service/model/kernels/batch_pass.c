@@ -2,10 +2,10 @@
  * A whole pass over a batch of rows on a CPU (a decode pass, or a prompt chunk's tokens as rows),
  * in one call: every layer's norms, projections, rotary embedding, attention over the paged pool and MLP, then the final norm and the logits.
  *
- * The products and the attention are the kernels of `packed_linear.c` and `paged_attention.c`,
- * included here; what this adds is running them back to back without returning to Python. Called
- * as torch ops from a compiled graph, each of a zoo model's 21 kernel calls a step came with a
- * dispatch, and the graph's wrappers with a fixed cost: 0.4-0.5 ms of a 1.8 ms step at 16 rows.
+ * The products and the attention are the kernels of `packed_linear.c` and `paged_attention.c`
+ * (a prompt chunk's attention: `chunk_attention.h`), included here; what this adds is running
+ * them back to back without returning to Python. Called as torch ops from a compiled graph, each
+ * of a zoo model's 21 kernel calls a step came with a dispatch, and the graph's wrappers with a fixed cost: 0.4-0.5 ms of a 1.8 ms step at 16 rows.
  *
  * Inputs (float32, row-major; B rows):
  *   hidden       [B, D]      the embedded tokens (scaled, absolute positions added); overwritten
@@ -19,11 +19,13 @@
  *                down, then lm_head
  *   key_pages / value_pages  per layer, [Hkv, NB, BS, hd]: each row's new entries are written
  *   window_blocks [B, nb], positions [B]   as for `paged_decode_attention`
+ *   run_ends     [runs]      for a prompt chunk, where each run of rows (one sequence's
+ *                consecutive tokens) ends, as `chunk_attention.h` reads them; NULL and 0 for a decode pass
  *   final_norm [D], lm_head (packed, N = V) and its scales; logits [B, V] out
  *   workspace    `batch_pass_workspace(...)` floats, sized after `kernel_threads`
  */
 #include "packed_linear.c"
-#include "paged_attention.c"
+#include "chunk_attention.h"
 
 /* Where each tensor sits in a layer's entry of `layers`. */
 enum { ATTN_NORM, QKV, QKV_SCALES, QKV_BIAS, O_PROJ, O_SCALES, MLP_NORM, GATE_UP, GATE_UP_SCALES, DOWN, DOWN_SCALES,
@@ -99,13 +101,15 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
                 const float *lm_head_scales, float *logits, float *workspace, int64_t batch, int64_t n_layers,
                 int64_t d_model, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t ffn, int64_t vocab,
                 int64_t rotary_dim, int64_t interleaved, int64_t num_blocks, int64_t block_size,
-                int64_t blocks_per_row, const int64_t *formats, float eps) {
+                int64_t blocks_per_row, const int64_t *run_ends, int64_t runs, const int64_t *formats,
+                float eps) {
     int64_t qkv_width = (heads + 2 * kv_heads) * head_dim, attended_width = heads * head_dim;
     float *normed = workspace, *qkv = normed + batch * d_model, *attended = qkv + batch * qkv_width;
     float *projected = attended + batch * attended_width, *gate_up = projected + batch * d_model;
     float *activation = gate_up + batch * 2 * ffn, *scores = activation + batch * ffn;
     float *widened = scores + kernel_thread_count * blocks_per_row * block_size; /* see packed_linear_shared */
     float scale = 1.0f / sqrtf((float)head_dim);
+    int tiled = runs > 0 && !bias && chunk_tiles_fit(heads, kv_heads, head_dim, block_size);
     /* One team for the whole pass: the products, the attention and the activation share their
      * loops among its threads; the norms, rotations and residual adds (a few microseconds) run on
      * one thread while the others wait at the end of each `single`. */
@@ -127,10 +131,16 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
                     }
                 }
             }
-            paged_attention_shared(qkv, qkv + attended_width, qkv + attended_width + kv_heads * head_dim,
-                                   key_pages[l], value_pages[l], window_blocks, positions, bias, attended, scores,
-                                   qkv_width, qkv_width, qkv_width, batch, heads, kv_heads, head_dim, num_blocks,
-                                   block_size, blocks_per_row, scale);
+            const float *keys = qkv + attended_width, *values = keys + kv_heads * head_dim;
+            if (tiled) {
+                chunk_attention_shared(qkv, keys, values, key_pages[l], value_pages[l], window_blocks, positions,
+                                       attended, qkv_width, qkv_width, qkv_width, batch, heads, kv_heads, head_dim,
+                                       num_blocks, block_size, blocks_per_row, run_ends, runs, scale);
+            } else {
+                paged_attention_shared(qkv, keys, values, key_pages[l], value_pages[l], window_blocks, positions,
+                                       bias, attended, scores, qkv_width, qkv_width, qkv_width, batch, heads,
+                                       kv_heads, head_dim, num_blocks, block_size, blocks_per_row, scale);
+            }
             packed_linear_shared(attended, attended_width, w[O_PROJ], w[O_SCALES], (int)f[1], NULL, projected,
                                  batch, attended_width, d_model, widened);
 #pragma omp single

@@ -11,6 +11,7 @@ passes only the per-row tensors.
 from __future__ import annotations
 
 import ctypes
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -37,6 +38,10 @@ def _pass() -> Any:
 
 def _workspace_floats() -> Any:
     return kernel_function(_SOURCE, "batch_pass_workspace")
+
+
+def _tiles_fit() -> Any:
+    return kernel_function(_SOURCE, "chunk_tiles_fit")
 
 
 class CLayer(NamedTuple):
@@ -95,6 +100,12 @@ class BatchPass:
         self._final_norm, self._lm_head = final_norm.data_ptr(), _pointers(list(lm_head))
         self._n_layers = len(layers)
         self._num_blocks, self._block_size = key_pages[0].shape[1], key_pages[0].shape[2]
+        tiles_fit = _tiles_fit()
+        # Whether a prompt chunk's attention (without a bias on its scores) reads blocks once per
+        # tile of rows (`chunk_attention.h`), at the speed of the products around it.
+        self.tiles_chunks = tiles_fit is not None and bool(
+            tiles_fit(config.n_heads, config.n_kv_heads, config.head_dim, self._block_size)
+        )
 
     def __call__(
         self,
@@ -105,11 +116,16 @@ class BatchPass:
         positions: Tensor,
         *,
         logits: bool = True,
+        runs: Sequence[int] = (),
     ) -> Tensor:
         """Logits float32 [B, V] from the embedded rows `hidden` [B, D], each row's rotary tables
         at its position ([B, rotary_dim] each) and the scores' bias [B, H, W]. With `logits=False`
         the pass stops before the output layer (a vocabulary of no entries) and returns the final
-        residual [B, D], the layers' output the kernel leaves in the rows it was given."""
+        residual [B, D], the layers' output the kernel leaves in the rows it was given.
+
+        `runs`, for a prompt chunk: how many rows each sequence has, in row order, each run at
+        consecutive positions over the same blocks (`check_runs`); its attention then reads each
+        block once per tile of rows (`chunk_attention.h`) rather than once per row."""
         step, workspace_floats = _pass(), _workspace_floats()
         if step is None or workspace_floats is None:
             raise RuntimeError("the batch step kernel is not available on this machine")
@@ -121,6 +137,7 @@ class BatchPass:
         bias = _floats(bias) if bias is not None else None
         window_blocks, positions = (t.to(torch.int64).contiguous() for t in (window_blocks, positions))
         check_rows(window_blocks, positions, num_blocks=self._num_blocks, block_size=self._block_size)
+        run_ends = check_runs(runs, window_blocks, positions)
         if hidden.shape != (batch, config.d_model):
             raise ValueError(f"hidden is {tuple(hidden.shape)}, not ({batch}, {config.d_model})")
         if rope is not None and any(table.shape != (batch, config.rotary_dim) for table in rope):
@@ -161,11 +178,32 @@ class BatchPass:
             "num_blocks": self._num_blocks,
             "block_size": self._block_size,
             "blocks_per_row": blocks_per_row,
+            "run_ends": run_ends.data_ptr() if runs else None,
+            "runs": len(runs),
             "formats": self._formats.data_ptr(),
             "eps": config.norm_eps,
         }
         step(*ordered(_SOURCE, "batch_pass", arguments))
         return out if logits else hidden
+
+
+def check_runs(runs: Sequence[int], window_blocks: Tensor, positions: Tensor) -> Tensor:
+    """Each run's end row as int64, after refusing runs the tiles would misread: a tile reads its
+    first row's blocks up to its last row's position, so a run's rows must be consecutive
+    positions of one block table."""
+    ends = torch.tensor(list(itertools.accumulate(runs)), dtype=torch.int64)
+    if not runs:
+        return ends
+    if min(runs) < 1 or int(ends[-1]) != positions.shape[0]:
+        raise ValueError(f"runs {list(runs)} do not cover the {positions.shape[0]} rows")
+    inside = torch.ones(positions.shape[0], dtype=torch.bool)  # whether a row continues the one before
+    inside[0] = False
+    inside[ends[:-1]] = False
+    steps = positions[1:] - positions[:-1]
+    same_blocks = (window_blocks[1:] == window_blocks[:-1]).all(dim=1)
+    if not bool(((steps == 1) & same_blocks)[inside[1:]].all()):
+        raise ValueError("a run's rows are not consecutive positions over the same blocks")
+    return ends
 
 
 def _pointers(tensors: Sequence[Tensor | None]) -> ctypes.Array[ctypes.c_void_p]:

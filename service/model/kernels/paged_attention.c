@@ -234,6 +234,22 @@ static void write_new_entries(const float *row_entries, float *pages, int64_t kv
     }
 }
 
+/* Each row's new key and value into its slot of the pool, on one thread of the team, before any
+ * row attends: a prompt chunk's rows read the entries the rows before them wrote. */
+static void write_rows_entries(const float *new_keys, const float *new_values, float *key_pages, float *value_pages,
+                               const int64_t *block_table, const int64_t *positions, int64_t key_row_stride,
+                               int64_t value_row_stride, int64_t batch, int64_t kv_heads, int64_t head_dim,
+                               int64_t head_stride, int64_t block_size, int64_t blocks_per_row) {
+#pragma omp single
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t *blocks = block_table + b * blocks_per_row;
+        int64_t position = positions[b];
+        int64_t slot = blocks[position / block_size] * block_size + position % block_size;
+        write_new_entries(new_keys + b * key_row_stride, key_pages, kv_heads, head_dim, head_stride, slot);
+        write_new_entries(new_values + b * value_row_stride, value_pages, kv_heads, head_dim, head_stride, slot);
+    }
+}
+
 /* Every thread of the running team calls this (see `paged_decode_attention`). */
 static void paged_attention_shared(const float *queries, const float *new_keys, const float *new_values,
                                    float *key_pages, float *value_pages, const int64_t *block_table,
@@ -244,14 +260,8 @@ static void paged_attention_shared(const float *queries, const float *new_keys, 
     int64_t head_stride = num_blocks * block_size * head_dim;
     int64_t window = blocks_per_row * block_size;
     int64_t group = heads / kv_heads;
-#pragma omp single
-    for (int64_t b = 0; b < batch; b++) {
-        const int64_t *blocks = block_table + b * blocks_per_row;
-        int64_t position = positions[b];
-        int64_t slot = blocks[position / block_size] * block_size + position % block_size;
-        write_new_entries(new_keys + b * key_row_stride, key_pages, kv_heads, head_dim, head_stride, slot);
-        write_new_entries(new_values + b * value_row_stride, value_pages, kv_heads, head_dim, head_stride, slot);
-    }
+    write_rows_entries(new_keys, new_values, key_pages, value_pages, block_table, positions, key_row_stride,
+                       value_row_stride, batch, kv_heads, head_dim, head_stride, block_size, blocks_per_row);
     /* Pairs in row order, heads of one key head together: a thread's next pair reads the keys
      * its last one did, or the next row's, which it asks for one row ahead. */
 #pragma omp for schedule(static)
