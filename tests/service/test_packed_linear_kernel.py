@@ -25,7 +25,7 @@ def _kernel() -> None:
     require_kernel(kernel.available, "packed linear")
 
 
-SHAPES = [(576, 192), (258, 192), (7, 5), (33, 512)]  # (out_features, in_features)
+SHAPES = [(576, 192), (258, 192), (7, 5), (33, 512), (52, 64)]  # (out_features, in_features)
 # 4-bit panels take whole groups of 32 inputs only.
 FORMAT_SHAPES = [
     (fmt, *shape)
@@ -96,7 +96,7 @@ def test_int8_packing_keeps_the_codes_and_their_group_scales(out_features: int, 
 @pytest.mark.parametrize("threads", [1, 2], ids=["1-thread", "2-threads"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["plain", "bias"])
 @pytest.mark.parametrize(("fmt", "out_features", "in_features"), FORMAT_SHAPES)
-@pytest.mark.parametrize("rows", [1, 3, 8, 13, 16, 64])
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 16, 21, 64])
 def test_the_kernel_equals_f_linear(
     rows: int, out_features: int, in_features: int, with_bias: bool, threads: int, fmt: str
 ) -> None:

@@ -92,7 +92,7 @@ static inline __attribute__((always_inline)) void panel_row(const void *panel, i
 static inline __attribute__((always_inline)) void tile(const float *restrict x, int64_t x_row_stride,
                                                        const void *restrict panel, const float *restrict scales,
                                                        int64_t k_size, const float *restrict bias, int rows,
-                                                       int format, vec16 sums[TILE_ROWS][2]) {
+                                                       int format, const float *ahead, vec16 sums[TILE_ROWS][2]) {
     vec16 low = load16(bias), high = load16(bias + 16);
     for (int r = 0; r < rows; r++) {
         sums[r][0] = low;
@@ -103,6 +103,10 @@ static inline __attribute__((always_inline)) void tile(const float *restrict x, 
         int64_t end = start + GROUP < k_size ? start + GROUP : k_size;
         for (int64_t k = start; k < end; k++) {
             vec16 w_low, w_high;
+            if (ahead) { /* the next float panel's row k, toward L2 */
+                __builtin_prefetch(ahead + k * PANEL, 0, 2);
+                __builtin_prefetch(ahead + k * PANEL + 16, 0, 2);
+            }
             panel_row(panel, k, g, format, &w_low, &w_high);
             accumulate(x, x_row_stride, k, w_low, w_high, rows, sums);
         }
@@ -128,9 +132,9 @@ static inline __attribute__((always_inline)) void widen_panel(const void *panel,
 static inline __attribute__((always_inline)) void tile_rows(const float *x, int64_t x_row_stride, const void *panel,
                                                             const float *scales, int64_t k_size,
                                                             const float *bias, int rows, int format, float *out,
-                                                            int64_t n_size, int64_t columns) {
+                                                            int64_t n_size, int64_t columns, const float *ahead) {
     vec16 sums[TILE_ROWS][2];
-    tile(x, x_row_stride, panel, scales, k_size, bias, rows, format, sums);
+    tile(x, x_row_stride, panel, scales, k_size, bias, rows, format, ahead, sums);
     for (int r = 0; r < rows; r++) {
         if (columns == PANEL) {
             store16(out + r * n_size, sums[r][0]);
@@ -144,20 +148,66 @@ static inline __attribute__((always_inline)) void tile_rows(const float *x, int6
     }
 }
 
-/* One panel for all M rows: whole tiles of 8, then the rest. */
+#if defined(__AVX512F__)
+#define WIDE_ROWS 16
+/* Sixteen rows times one half (16 columns) of a float panel: 16 sums and the weights in registers
+ * (AVX-512 has 32). Two of these read a panel once for 16 rows, each half's cache lines once,
+ * where two tiles of 8 rows read it twice: the first from memory with the arithmetic waiting on
+ * it, the second from L2 with the memory idle. `ahead`: as `panel_rows`. */
+static inline __attribute__((always_inline)) void wide_half(const float *restrict x, int64_t x_row_stride,
+                                                            const float *restrict panel, int64_t k_size,
+                                                            const float *restrict bias, int half, float *out,
+                                                            int64_t n_size, int64_t columns, const float *ahead) {
+    vec16 sums[WIDE_ROWS], start = load16(bias + half * 16);
+    for (int r = 0; r < WIDE_ROWS; r++) sums[r] = start;
+    for (int64_t k = 0; k < k_size; k++) {
+        if (ahead) __builtin_prefetch(ahead + k * PANEL + half * 16, 0, 2);
+        vec16 w = load16(panel + k * PANEL + half * 16);
+        for (int r = 0; r < WIDE_ROWS; r++) sums[r] += splat16(x[r * x_row_stride + k]) * w;
+    }
+    int64_t kept = columns - half * 16; /* this half's columns of the product: 16, fewer, or none */
+    for (int r = 0; r < WIDE_ROWS && kept > 0; r++) {
+        if (kept >= 16) {
+            store16(out + r * n_size + half * 16, sums[r]);
+        } else {
+            float row[16];
+            store16(row, sums[r]);
+            memcpy(out + r * n_size + half * 16, row, (size_t)kept * sizeof(float));
+        }
+    }
+}
+#endif
+
+/* One panel for all M rows: whole tiles of 8, then the rest. `ahead`, where not NULL, is the next
+ * float panel: the second tile (or the only one) asks for it while it reads this one. The first
+ * tile streams the panel from memory and the rest find it in L2, so without this the memory sat
+ * idle while they computed. */
 static inline __attribute__((always_inline)) void panel_rows(const float *x, int64_t x_row_stride, const void *panel,
                                                              const float *scales, const float *bias,
                                                              int format, float *out, int64_t m_size,
-                                                             int64_t k_size, int64_t n_size, int64_t columns) {
+                                                             int64_t k_size, int64_t n_size, int64_t columns,
+                                                             const float *ahead) {
     int64_t m = 0;
+#if defined(WIDE_ROWS)
+    if (format == FLOAT_PANELS) {
+        for (; m + WIDE_ROWS <= m_size; m += WIDE_ROWS) {
+            for (int half = 0; half < 2; half++)
+                wide_half(x + m * x_row_stride, x_row_stride, (const float *)panel, k_size, bias, half,
+                          out + m * n_size, n_size, columns, m == 0 ? ahead : NULL);
+        }
+        if (m > 0) ahead = NULL;
+    }
+#endif
+    int64_t fetching = m_size - m > TILE_ROWS ? m + TILE_ROWS : m; /* the tile that asks */
     for (; m + TILE_ROWS <= m_size; m += TILE_ROWS)
         tile_rows(x + m * x_row_stride, x_row_stride, panel, scales, k_size, bias, TILE_ROWS, format,
-                  out + m * n_size, n_size, columns);
+                  out + m * n_size, n_size, columns, m == fetching ? ahead : NULL);
     const float *rest_x = x + m * x_row_stride;
     float *rest_out = out + m * n_size;
 #define REST(ROWS)                                                                                                  \
     case ROWS:                                                                                                      \
-        tile_rows(rest_x, x_row_stride, panel, scales, k_size, bias, ROWS, format, rest_out, n_size, columns);    \
+        tile_rows(rest_x, x_row_stride, panel, scales, k_size, bias, ROWS, format, rest_out, n_size, columns,     \
+                  m == fetching ? ahead : NULL);                                                                    \
         break
     switch (m_size - m) { /* one case per count so that each inlines with a constant row count */
         REST(1); REST(2); REST(3); REST(4); REST(5); REST(6); REST(7);
@@ -175,9 +225,9 @@ static inline __attribute__((always_inline)) void packed_panel_rows(const float 
                                                                     int64_t n_size, int64_t columns) {
     if (scratch) {
         widen_panel(panel, scales, k_size, format, scratch);
-        panel_rows(x, x_row_stride, scratch, NULL, bias, FLOAT_PANELS, out, m_size, k_size, n_size, columns);
+        panel_rows(x, x_row_stride, scratch, NULL, bias, FLOAT_PANELS, out, m_size, k_size, n_size, columns, NULL);
     } else {
-        panel_rows(x, x_row_stride, panel, scales, bias, format, out, m_size, k_size, n_size, columns);
+        panel_rows(x, x_row_stride, panel, scales, bias, format, out, m_size, k_size, n_size, columns, NULL);
     }
 }
 
@@ -209,7 +259,7 @@ static void packed_linear_shared(const float *x, int64_t x_row_stride, const voi
                               k_size, n_size, columns);
         else
             panel_rows(x, x_row_stride, (const float *)packed + n * k_size, NULL, panel_bias, FLOAT_PANELS, out + n,
-                       m_size, k_size, n_size, columns);
+                       m_size, k_size, n_size, columns, p + 1 < panels ? (const float *)packed + (n + PANEL) * k_size : NULL);
     }
 }
 
