@@ -385,8 +385,11 @@ def _panels(projections: Sequence[torch.nn.Module | None]) -> Panels:
     if len(int8) == len(projections):
         return pack_int8(torch.cat([p.codes for p in int8]), torch.cat([p.scales for p in int8]))
     if len(int4) == len(projections):
-        stacked = (torch.cat([getter(p) for p in int4]) for getter in _INT4_PARTS)
-        return pack_int4(*stacked)
+        return pack_int4(
+            torch.cat([p.codes() for p in int4]),
+            torch.cat([p.scales for p in int4]),
+            torch.cat([p.minimums for p in int4]),
+        )
     return pack_weight(torch.cat([_float_weight(projection) for projection in projections]))
 
 
@@ -396,13 +399,6 @@ def _float_weight(projection: torch.nn.Module | None) -> Tensor:
     if isinstance(projection, torch.nn.Linear):
         return projection.weight
     raise ValueError(f"the C step reads linear layers, not {type(projection).__name__}")
-
-
-_INT4_PARTS: tuple[Callable[[Int4Linear], Tensor], ...] = (
-    Int4Linear.codes,
-    lambda layer: layer.scales,
-    lambda layer: layer.minimums,
-)
 
 
 def _two_or_more(tables: PassTables) -> dict[str, Tensor]:
