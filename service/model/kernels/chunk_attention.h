@@ -43,14 +43,7 @@ static inline vec16 exp16_nonpositive(vec16 x) {
     x = max16(x, splat16(-87.0f));
     vec16 n = (x * LOG2E + ROUNDING) - ROUNDING;
     vec16 r = x - n * LN2_HI - n * LN2_LO;
-    vec16 p = splat16(1.98412698e-4f);
-    p = p * r + 1.38888889e-3f;
-    p = p * r + 8.33333333e-3f;
-    p = p * r + 4.16666667e-2f;
-    p = p * r + 1.66666667e-1f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    vec16 p = EXP_POLYNOMIAL(r);
     lanes16 bits = (__builtin_convertvector(n, lanes16) + 127) << 23;
     return p * (vec16)bits;
 }

@@ -45,18 +45,16 @@ typedef int32_t lanes16 __attribute__((vector_size(64)));
  * arithmetic so that the loops calling it vectorize (libm's expf does not without -ffast-math).
  * n = x / ln2 rounded to nearest by adding and taking away 1.5 * 2^23: floorf would not vectorize
  * under the default -ftrapping-math. */
+/* e^r for |r| <= ln2 / 2 (Taylor to r^7), on a float or a vector of them alike. */
+#define EXP_POLYNOMIAL(r)                                                                                         \
+    ((((((((1.98412698e-4f * (r) + 1.38888889e-3f) * (r) + 8.33333333e-3f) * (r) + 4.16666667e-2f) * (r) +      \
+         1.66666667e-1f) * (r) + 0.5f) * (r) + 1.0f) * (r) + 1.0f))
+
 static inline float exp_nonpositive(float x) {
     x = x < -87.0f ? -87.0f : x;
     float n = (x * LOG2E + ROUNDING) - ROUNDING;
     float r = x - n * LN2_HI - n * LN2_LO; /* |r| <= ln2 / 2 */
-    float p = 1.98412698e-4f;
-    p = p * r + 1.38888889e-3f;
-    p = p * r + 8.33333333e-3f;
-    p = p * r + 4.16666667e-2f;
-    p = p * r + 1.66666667e-1f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    float p = EXP_POLYNOMIAL(r);
     int32_t bits = ((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
