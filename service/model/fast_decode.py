@@ -379,7 +379,8 @@ def c_batch_pass(model: Transformer, pool: PagedKVCache) -> batch_pass.BatchPass
 def _panels(projections: Sequence[torch.nn.Module | None]) -> Panels:
     """One product's panels from the layers whose outputs it stacks (q, k, v; gate, up): their
     codes when all are packed alike, else float32 panels of the weights they stand for (a file
-    may keep one projection at a finer format than its neighbours)."""
+    may keep one projection at a finer format than its neighbours), over activations rounded as
+    the packed layers round them."""
     int8 = [projection for projection in projections if isinstance(projection, Int8Linear)]
     int4 = [projection for projection in projections if isinstance(projection, Int4Linear)]
     if len(int8) == len(projections):
@@ -390,7 +391,8 @@ def _panels(projections: Sequence[torch.nn.Module | None]) -> Panels:
             torch.cat([p.scales for p in int4]),
             torch.cat([p.minimums for p in int4]),
         )
-    return pack_weight(torch.cat([_float_weight(projection) for projection in projections]))
+    rounded = bool(int8 or int4)
+    return pack_weight(torch.cat([_float_weight(projection) for projection in projections]), rounded=rounded)
 
 
 def _float_weight(projection: torch.nn.Module | None) -> Tensor:

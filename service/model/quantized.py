@@ -3,24 +3,27 @@ modules that keep their weights packed.
 
 Which kernel, and why:
 
-- `int8` on a CPU: weight-only int8 with one scale per output and group of `INT8_GROUP` inputs
-  (GGUF's Q8_0 block), activations kept float. Decode passes run in C (`kernels/batch_pass.c`),
-  which reads the codes packed in panels and widens them in registers: a decode pass reads every
-  weight once per step and is bound by the bytes it reads, so codes at a quarter of float32's
-  bytes are the point. Where the eager pass runs (long prompt chunks, models the C step cannot
-  express) the layer widens its codes to a float matrix per call and multiplies with BLAS: at a
-  prompt chunk's hundreds of rows that costs little against the product itself.
-  Quantizing the activations too (fbgemm's dynamic linear, the first int8 path here) cost 0.057
-  bits per token on SmolLM2 and needed per-row rescaling against its outlier rows; weight-only
-  codes keep the activations exact.
+- `int8` on a CPU: int8 codes with one scale per output and group of `INT8_GROUP` inputs (GGUF's
+  Q8_0 block), times activations rounded to int8 per group of 32 inputs (`quantized_activations`,
+  llama.cpp's Q8 activations). Passes run in C (`kernels/batch_pass.c`), which reads the codes
+  packed in panels: with AVX-512 VNNI the codes meet as integers, 64 products an instruction
+  (a float32 kernel does 16), else they are widened in registers. At one row a pass reads every
+  weight once and is bound by the bytes it reads (codes are a quarter of float32's); at 16 rows
+  it was bound by its arithmetic, which the integer products cut 3-4x. Where the eager pass runs
+  (chunks under a score bias, models the C step cannot express) the layer widens its codes to a
+  float matrix per call and multiplies the same rounded activations with BLAS.
+  Rounding per group of 32 costs far less than per row: fbgemm's dynamic linear (one scale a
+  row, the first int8 path here) cost 0.057 bits per token on SmolLM2 and needed per-row
+  rescaling against its outlier rows; `bench/weight_formats.py` measures what this costs.
 - `int8` on CUDA: weight-only `_weight_int8pack_mm` (int8 weights, per-channel scales, float
   activations): one group spanning the whole input.
 - `int4` on a CPU: 4-bit codes in groups of 32 inputs with a scale and a minimum per group
-  (asymmetric, GGUF's Q4_1 block), read by the same C step and widened per call elsewhere, as
-  int8. torch's own `_weight_int4pack_mm_for_cpu` was the first int4 path here: it takes its
-  activations in bfloat16 (with float32 it is a scalar loop 40-120x slower), so its outputs
-  carried bfloat16 rounding, and it ran only eager. On CUDA no int4 kernel is wired; the server
-  refuses `int4` there at start-up rather than serving untested numerics.
+  (asymmetric, GGUF's Q4_1 block), over the same rounded activations, read by the same C step
+  and widened per call elsewhere, as int8. torch's own `_weight_int4pack_mm_for_cpu` was the
+  first int4 path here: it takes its activations in bfloat16 (with float32 it is a scalar loop
+  40-120x slower), so its outputs carried bfloat16 rounding, and it ran only eager. On CUDA no
+  int4 kernel is wired; the server refuses `int4` there at start-up rather than serving untested
+  numerics.
 
 Embeddings, norms and the relative-attention projections stay float: they are a lookup or a small
 share of the arithmetic. A tied output head gets its own packed copy (the embedding lookup keeps
@@ -41,6 +44,20 @@ from service.model.transformer import Transformer
 
 INT8_GROUP = 32  # input channels sharing one int8 scale on a CPU, as in GGUF's Q8_0 blocks
 INT4_GROUP = 32  # input channels sharing one scale and zero point, as in GGUF's Q4 blocks
+
+
+def quantized_activations(x: Tensor) -> Tensor:
+    """`x` [..., K] as the packed formats multiply it on a CPU: each group of `INT8_GROUP` inputs
+    rounded to int8 steps of its largest magnitude / 127 (half to even; zero stays zero). The C
+    kernel (`packed_linear.c`, `quantize_rows_shared`) rounds with the same float32 operations."""
+    width = x.shape[-1]
+    padded = F.pad(x.float(), (0, -width % INT8_GROUP))
+    groups = padded.view(*padded.shape[:-1], -1, INT8_GROUP)
+    step = groups.abs().amax(dim=-1, keepdim=True) / 127.0
+    inverse = torch.where(step > 0, 1.0 / step, torch.zeros_like(step))
+    rounded = torch.round(groups * inverse).clamp(-127, 127) * step
+    out: Tensor = rounded.view(padded.shape)[..., :width].to(x.dtype)
+    return out
 
 
 class WeightsError(ValueError):
@@ -116,9 +133,8 @@ class Int8Linear(nn.Module):
             if self.bias is not None:
                 out = out + self.bias
             return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
-        return F.linear(
-            x, self.dequantized().to(x.dtype), self.bias.to(x.dtype) if self.bias is not None else None
-        )
+        bias = self.bias.to(x.dtype) if self.bias is not None else None
+        return F.linear(quantized_activations(x), self.dequantized().to(x.dtype), bias)
 
 
 def _grouped(matrix: Tensor, group: int) -> Tensor:
@@ -172,7 +188,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # [..., K] -> [..., N]
         bias = self.bias.to(x.dtype) if self.bias is not None else None
-        return F.linear(x, self.dequantized().to(x.dtype), bias)
+        return F.linear(quantized_activations(x), self.dequantized().to(x.dtype), bias)
 
 
 def quantize_weights(
@@ -252,5 +268,6 @@ __all__ = [
     "PackedBlocks",
     "WeightsError",
     "quantize_weights",
+    "quantized_activations",
     "weights_of",
 ]

@@ -9,6 +9,8 @@ reply equal transformers' on the same file.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,7 @@ from service.engine.types import (  # noqa: E402
 from service.model.bundled import bundled_model  # noqa: E402
 from service.model.gguf_file import read_gguf, read_metadata, tokenizer_json  # noqa: E402
 from service.model.hf import UnsupportedCheckpointError, build_hf_model  # noqa: E402
-from service.model.quantized import Int4Linear, Int8Linear  # noqa: E402
+from service.model.quantized import Int4Linear, Int8Linear, quantized_activations  # noqa: E402
 from service.tokenizers import HFTokenizer  # noqa: E402
 from tests.live_server import live_server  # noqa: E402
 
@@ -183,10 +185,29 @@ def test_packed_blocks_are_the_file_s_codes_and_stand_for_its_floats(
         torch.testing.assert_close(groups.view(rows, -1), checkpoint.tensors[name], rtol=0, atol=1e-6)
 
 
+@contextmanager
+def rounding_inputs(floats: torch.nn.Module, packed: torch.nn.Module) -> Iterator[None]:
+    """`floats`' linear layers that `packed` serves packed read their inputs rounded as the packed
+    formats round them (`quantized_activations`): the float model then computes what the packed
+    one should, up to float sums."""
+    layers = dict(floats.named_modules())
+    names = [name for name, module in packed.named_modules() if isinstance(module, Int8Linear | Int4Linear)]
+    hooks = [
+        layers[name].register_forward_pre_hook(lambda _, args: (quantized_activations(args[0]),))
+        for name in names
+    ]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 @pytest.mark.parametrize(("quant", "weights"), OWN_CODES, ids=[quant.name for quant, _ in OWN_CODES])
 def test_a_packed_format_serves_the_file_s_own_codes(tmp_path: Path, quant: Any, weights: str) -> None:
     """`--weights int8` on a Q8_0 file and `int4` on a Q4 file requantize nothing: every packed
-    layer holds the file's weights, and the logits are the float model's (the same weights)."""
+    layer holds the file's weights, and the logits are the float model's (the same weights) over
+    the same rounded activations."""
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, quant)
     [floats] = load_models([path], device="cpu", dtype="float32", weights="float")
@@ -198,15 +219,16 @@ def test_a_packed_format_serves_the_file_s_own_codes(tmp_path: Path, quant: Any,
         float_weight = layers[name].weight
         torch.testing.assert_close(module.dequantized(), float_weight, rtol=0, atol=1e-6)
     tokens = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(3))
-    with torch.inference_mode():
+    with torch.inference_mode(), rounding_inputs(floats.model, packed.model):
         torch.testing.assert_close(packed.model(tokens), floats.model(tokens), rtol=0, atol=1e-4)
 
 
 def test_int4_keeps_a_q4_file_s_finer_q8_0_matrices_and_decodes_them_in_c(tmp_path: Path) -> None:
     """A Q4_1 file with a Q8_0 head and value projection (as llama.cpp's mixes keep some tensors
     finer): under `--weights int4` those stay int8 as stored, the C step reads every matrix in its
-    own format (the fused q, k, v product as the float32 weights they stand for), and its cached
-    decode gives the full pass's log-probabilities."""
+    own format (the fused q, k, v product as the float32 weights they stand for, over rounded
+    activations as the packed layers), and its cached decode gives the full pass's
+    log-probabilities."""
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, Q.Q4_1, overrides={"output": Q.Q8_0, "attn_v": Q.Q8_0})
     [floats] = load_models([path], device="cpu", dtype="float32", weights="float")
@@ -226,7 +248,7 @@ def test_int4_keeps_a_q4_file_s_finer_q8_0_matrices_and_decodes_them_in_c(tmp_pa
     finally:
         engine.shutdown()
     assert isinstance(result, GenerationResult) and result.logprobs is not None
-    with torch.inference_mode():
+    with torch.inference_mode(), rounding_inputs(floats.model, served.model):
         logits = floats.model(torch.tensor([prompt + result.tokens]))[0, len(prompt) - 1 : -1]
     full = torch.log_softmax(logits.float(), dim=-1)
     assert full.argmax(dim=-1).tolist() == list(result.tokens)

@@ -30,6 +30,7 @@ from service.model.quantized import (
     Int8Linear,
     WeightsError,
     quantize_weights,
+    quantized_activations,
     weights_of,
 )
 from service.settings import Weights
@@ -47,8 +48,8 @@ PACKERS: dict[str, Callable[[nn.Linear], nn.Module]] = {
 CLASSES: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int4Linear}
 FORMATS = ["int8", "int4"]
 # Logprob agreement between two runs of one model (incremental against full, batched against
-# alone). Both formats are weight-only: the C step's panels and the eager pass's widened matrix
-# hold the same weights, and activations stay float, so only float sums differ.
+# alone). The C step's panels and the eager pass's widened matrix hold the same weights, and both
+# multiply activations rounded the same way (`quantized_activations`), so only float sums differ.
 RUN_TOLERANCE = {"int8": 1e-4, "int4": 1e-4}
 
 
@@ -75,8 +76,8 @@ def test_a_packed_layer_matches_the_float_layer_within_its_tolerance(weights: st
 
 
 def test_int8_rows_with_huge_activations_do_not_spoil_the_other_rows() -> None:
-    """Real models have rows 100x the rest (a BOS token); activations are never quantized, so a row
-    is computed on its own whatever its neighbours."""
+    """Real models have rows 100x the rest (a BOS token); activations are rounded per row and group
+    of 32 inputs, so a row's rounding is its own whatever its neighbours."""
     torch.manual_seed(1)
     layer = nn.Linear(256, 64)
     packed = Int8Linear.quantize(layer)
@@ -147,7 +148,8 @@ def test_an_int4_layer_keeps_two_codes_a_byte_and_widens_to_its_weight() -> None
 
 def test_an_int8_layer_widens_to_the_weight_its_codes_stand_for() -> None:
     """Groups of 32 inputs on a CPU (GGUF's Q8_0 block), the last one short when K is not a
-    multiple: each weight is within half a step of its group's scale."""
+    multiple: each weight is within half a step of its group's scale. The layer multiplies the
+    activations as rounded per group of 32 (`quantized_activations`)."""
     torch.manual_seed(2)
     layer = nn.Linear(70, 40)
     packed = Int8Linear.quantize(layer)
@@ -156,9 +158,8 @@ def test_an_int8_layer_widens_to_the_weight_its_codes_stand_for() -> None:
     assert ((packed.dequantized() - layer.weight).abs() <= steps / 2 + 1e-7).all()
     inputs = torch.randn(5, 70)
     with torch.no_grad():
-        torch.testing.assert_close(
-            packed(inputs), nn.functional.linear(inputs, packed.dequantized(), layer.bias)
-        )
+        expected = nn.functional.linear(quantized_activations(inputs), packed.dequantized(), layer.bias)
+        torch.testing.assert_close(packed(inputs), expected)
 
 
 @pytest.fixture(scope="module")

@@ -31,12 +31,18 @@
 enum { ATTN_NORM, QKV, QKV_SCALES, QKV_BIAS, O_PROJ, O_SCALES, MLP_NORM, GATE_UP, GATE_UP_SCALES, DOWN, DOWN_SCALES,
        LAYER_TENSORS };
 
+/* The most inputs a product of the pass takes. */
+static int64_t widest_input(int64_t d_model, int64_t heads, int64_t head_dim, int64_t ffn) {
+    int64_t widest = d_model;
+    widest = heads * head_dim > widest ? heads * head_dim : widest;
+    return ffn > widest ? ffn : widest;
+}
+
 int64_t batch_pass_workspace(int64_t batch, int64_t d_model, int64_t heads, int64_t kv_heads, int64_t head_dim,
                              int64_t ffn, int64_t window) {
-    int64_t qkv = (heads + 2 * kv_heads) * head_dim, widest = d_model;
-    widest = heads * head_dim > widest ? heads * head_dim : widest;
-    widest = ffn > widest ? ffn : widest;
-    return batch * (2 * d_model + qkv + heads * head_dim + 3 * ffn) + kernel_thread_count * (window + widest * PANEL);
+    int64_t qkv = (heads + 2 * kv_heads) * head_dim, widest = widest_input(d_model, heads, head_dim, ffn);
+    return batch * (2 * d_model + qkv + heads * head_dim + 3 * ffn) + kernel_thread_count * (window + widest * PANEL) +
+           packed_activation_floats(batch, widest);
 }
 
 /* torch's rms_norm: weight * (x * rsqrt(mean(x^2) + eps)). */
@@ -108,6 +114,7 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
     float *projected = attended + batch * attended_width, *gate_up = projected + batch * d_model;
     float *activation = gate_up + batch * 2 * ffn, *scores = activation + batch * ffn;
     float *widened = scores + kernel_thread_count * blocks_per_row * block_size; /* see packed_linear_shared */
+    float *quantized = widened + kernel_thread_count * widest_input(d_model, heads, head_dim, ffn) * PANEL;
     float scale = 1.0f / sqrtf((float)head_dim);
     int tiled = runs > 0 && !bias && chunk_tiles_fit(heads, kv_heads, head_dim, block_size);
     /* One team for the whole pass: the products, the attention and the activation share their
@@ -121,7 +128,7 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
 #pragma omp single
             rms_norm_rows(hidden, w[ATTN_NORM], normed, batch, d_model, eps);
             packed_linear_shared(normed, d_model, w[QKV], w[QKV_SCALES], (int)f[0], w[QKV_BIAS], qkv, batch,
-                                 d_model, qkv_width, widened);
+                                 d_model, qkv_width, widened, quantized);
 #pragma omp single
             if (rope_cos) {
                 for (int64_t b = 0; b < batch; b++) {
@@ -142,23 +149,23 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
                                        kv_heads, head_dim, num_blocks, block_size, blocks_per_row, scale);
             }
             packed_linear_shared(attended, attended_width, w[O_PROJ], w[O_SCALES], (int)f[1], NULL, projected,
-                                 batch, attended_width, d_model, widened);
+                                 batch, attended_width, d_model, widened, quantized);
 #pragma omp single
             {
                 add_rows(hidden, projected, batch * d_model);
                 rms_norm_rows(hidden, w[MLP_NORM], normed, batch, d_model, eps);
             }
             packed_linear_shared(normed, d_model, w[GATE_UP], w[GATE_UP_SCALES], (int)f[2], NULL, gate_up, batch,
-                                 d_model, 2 * ffn, widened);
+                                 d_model, 2 * ffn, widened, quantized);
             gated_activation(gate_up, activation, batch, ffn);
             packed_linear_shared(activation, ffn, w[DOWN], w[DOWN_SCALES], (int)f[3], NULL, projected, batch, ffn,
-                                 d_model, widened);
+                                 d_model, widened, quantized);
 #pragma omp single
             add_rows(hidden, projected, batch * d_model);
         }
 #pragma omp single
         rms_norm_rows(hidden, final_norm, normed, batch, d_model, eps);
         packed_linear_shared(normed, d_model, lm_head, lm_head_scales, (int)formats[n_layers * 4], NULL, logits,
-                             batch, d_model, vocab, widened);
+                             batch, d_model, vocab, widened, quantized);
     }
 }

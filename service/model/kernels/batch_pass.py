@@ -62,7 +62,15 @@ class CLayer(NamedTuple):
     def pointers(self) -> list[Tensor | None]:
         """The layer's entry in the C step's table, in `batch_pass.c`'s order."""
         qkv, o_proj, gate_up, down = self.qkv, self.o_proj, self.gate_up, self.down
-        return [self.attn_norm, *qkv, self.qkv_bias, *o_proj, self.mlp_norm, *gate_up, *down]
+        return [
+            self.attn_norm,
+            *qkv.tensors(),
+            self.qkv_bias,
+            *o_proj.tensors(),
+            self.mlp_norm,
+            *gate_up.tensors(),
+            *down.tensors(),
+        ]
 
 
 class BatchPass:
@@ -81,7 +89,8 @@ class BatchPass:
             for name, matrix in zip(("qkv", "o_proj", "gate_up", "down"), layer.matrices(), strict=True):
                 check_panels(matrix, f"layers[{index}].{name}")
         check_panels(lm_head, "lm_head")
-        formats = [matrix.format for layer in layers for matrix in layer.matrices()] + [lm_head.format]
+        matrices = [matrix for layer in layers for matrix in layer.matrices()] + [lm_head]
+        formats = [int(matrix.format) for matrix in matrices]
         self._formats = torch.tensor(formats, dtype=torch.int64)  # `batch_pass.c`'s order
         floats = [tensor for layer in layers for tensor in (layer.attn_norm, layer.qkv_bias, layer.mlp_norm)]
         floats += [final_norm, *key_pages, *value_pages]
@@ -97,7 +106,7 @@ class BatchPass:
         self._tensors = (layers, final_norm, lm_head, key_pages, value_pages, self._formats)
         self._layers = _pointers([tensor for layer in layers for tensor in layer.pointers()])
         self._key_pages, self._value_pages = _pointers(key_pages), _pointers(value_pages)
-        self._final_norm, self._lm_head = final_norm.data_ptr(), _pointers(list(lm_head))
+        self._final_norm, self._lm_head = final_norm.data_ptr(), _pointers(list(lm_head.tensors()))
         self._n_layers = len(layers)
         self._num_blocks, self._block_size = key_pages[0].shape[1], key_pages[0].shape[2]
         tiles_fit = _tiles_fit()

@@ -55,6 +55,8 @@ def c_signature(source: Path, name: str) -> tuple[Any, tuple[tuple[str, Any], ..
     if len(found) != 1:
         raise LookupError(f"{len(found)} definitions of {name} beside {source.name}, not one")
     result, parameters = found[0].groups()
+    if parameters.strip() in ("", "void"):
+        return _c_type(result), ()
     return _c_type(result), tuple(_parameter(text) for text in parameters.split(","))
 
 

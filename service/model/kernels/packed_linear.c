@@ -16,9 +16,21 @@
  * - INT4_PANELS (`--weights int4`): 4-bit codes, a panel row's 32 in 16 bytes (column c in the low
  *   nibble of byte c, column c + 16 in its high nibble), with a scale and a minimum per column and
  *   group, scales [ceil(N / 32), K / GROUP, 2, 32] (GGUF's Q4_1 block): W[n, k] = code * scale + min.
+ * - INT8_DOTS and INT4_DOTS: the same codes laid out for integer dot products (`dot_tile`), where
+ *   the CPU has them (AVX-512 VNNI; `packed_dot_products`);
+ * - ROUNDED_FLOAT_PANELS: float32 weights over rounded activations, as the packed formats: a
+ *   product stacking packed layers of two formats (a file's finer v projection) reads them so.
  * A decode pass reads every weight once per step, so it is bound by the bytes it reads; codes are
- * a quarter or an eighth of them. Each panel row is widened and scaled once and then serves every
- * row of the tile, so the products' arithmetic is the float kernel's.
+ * a quarter or an eighth of them.
+ *
+ * The packed formats multiply quantized activations: each row's groups of `GROUP` inputs rounded
+ * to int8 steps of the group's largest magnitude / 127 (`quantize_rows_shared`; GGUF's Q8 blocks,
+ * what llama.cpp multiplies its packed weights with). With VNNI the codes then meet as integers,
+ * 64 products an instruction where float32 does 16: at 16 rows a float-widening kernel was bound
+ * by its arithmetic (an int8 step took longer than a float32 one). Without VNNI each panel row is
+ * widened and scaled once and serves every row of the tile, the float kernel's arithmetic, over
+ * the same quantized activations: every CPU path (and the eager layers, `quantized.py`) computes
+ * the same sums.
  *
  * Layouts (float32): x rows `x_row_stride` floats apart, contiguous within a row; out [M, N]
  * contiguous; bias [N] or NULL.
@@ -27,7 +39,16 @@
  * count): each thread reads its own share of the weight, which is what bounds a decode pass.
  * `packed_linear_shared` is the loop for a team that is already running (the batch step opens
  * one team for its whole pass: a team per product cost 25 us each, 4 ms of a SmolLM2 step).
+ *
+ * Dot layouts (K padded to whole groups, Kp): INT8_DOTS values [ceil(N / 32), Kp / 4, 32, 4]
+ * bytes, code + 128 of column c and inputs 4t..4t+3 at [p, t, c, 0..3]; INT4_DOTS values
+ * [ceil(N / 32), K / 8, 32, 4], byte [p, t, c, j] holding input 8t + j in its low nibble and
+ * 8t + 4 + j in its high one. Both take scales [ceil(N / 32), Kp / GROUP, 2, 32]: a factor `a` and
+ * an offset `b` per column and group, a group's sum being a * (d * sum(q * u)) + b * d * sum(q)
+ * for the unsigned codes u, activations q and their step d: for int8 a = scale, b = -128 scale
+ * (u = code + 128), for int4 a = scale, b = minimum.
  */
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
@@ -39,7 +60,89 @@
 #define TILE_ROWS 8
 #define GROUP 32 /* inputs sharing one scale (and minimum) */
 
-enum { FLOAT_PANELS, INT8_PANELS, INT4_PANELS };
+enum { FLOAT_PANELS, INT8_PANELS, INT4_PANELS, INT8_DOTS, INT4_DOTS, ROUNDED_FLOAT_PANELS };
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define DOT_PRODUCTS 1
+#include <immintrin.h>
+#else
+#define DOT_PRODUCTS 0
+#endif
+
+/* Whether this build multiplies int8 and int4 panels as integers (the dot layouts). */
+int64_t packed_dot_products(void) { return DOT_PRODUCTS; }
+
+/* Floats of the `activations` scratch a product of `m` rows and `k` inputs takes: per row and
+ * group a step and a sum, then the quantized rows (codes, or their floats without VNNI). */
+int64_t packed_activation_floats(int64_t m, int64_t k) {
+    int64_t groups = (k + GROUP - 1) / GROUP;
+    return m * (groups * GROUP + 2 * groups);
+}
+
+/* One group of GROUP inputs (zeros past the row's end) quantized: its codes (or NULL), their
+ * floats q * d (or NULL); returns d * sum(q) and sets *step to d. */
+static inline float quantize_group(const float values[GROUP], float *step, signed char *codes, float *dequantized) {
+#if defined(__AVX512F__)
+    __m512 low = _mm512_loadu_ps(values), high = _mm512_loadu_ps(values + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(low), _mm512_abs_ps(high)));
+    float d = amax / 127.0f, inverse = d > 0.0f ? 1.0f / d : 0.0f;
+    /* The default rounding mode: to nearest, half to even, as nearbyintf and torch.round. */
+    __m512i bound = _mm512_set1_epi32(127), q_low, q_high;
+    q_low = _mm512_cvtps_epi32(_mm512_mul_ps(low, _mm512_set1_ps(inverse)));
+    q_high = _mm512_cvtps_epi32(_mm512_mul_ps(high, _mm512_set1_ps(inverse)));
+    q_low = _mm512_max_epi32(_mm512_min_epi32(q_low, bound), _mm512_sub_epi32(_mm512_setzero_si512(), bound));
+    q_high = _mm512_max_epi32(_mm512_min_epi32(q_high, bound), _mm512_sub_epi32(_mm512_setzero_si512(), bound));
+    if (codes) {
+        _mm_storeu_si128((__m128i *)codes, _mm512_cvtepi32_epi8(q_low));
+        _mm_storeu_si128((__m128i *)(codes + 16), _mm512_cvtepi32_epi8(q_high));
+    }
+    if (dequantized) {
+        _mm512_storeu_ps(dequantized, _mm512_mul_ps(_mm512_cvtepi32_ps(q_low), _mm512_set1_ps(d)));
+        _mm512_storeu_ps(dequantized + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(q_high), _mm512_set1_ps(d)));
+    }
+    *step = d;
+    return d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q_low, q_high));
+#else
+    float amax = 0.0f;
+    for (int i = 0; i < GROUP; i++) amax = fabsf(values[i]) > amax ? fabsf(values[i]) : amax;
+    float d = amax / 127.0f, inverse = d > 0.0f ? 1.0f / d : 0.0f;
+    int total = 0;
+    for (int i = 0; i < GROUP; i++) {
+        float q = nearbyintf(values[i] * inverse);
+        q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
+        total += (int)q;
+        if (codes) codes[i] = (signed char)q;
+        if (dequantized) dequantized[i] = q * d;
+    }
+    *step = d;
+    return d * (float)total;
+#endif
+}
+
+/* Every row of x [m, k] quantized per group of GROUP inputs: q = round(x / d), d = the group's
+ * largest magnitude / 127 (q = 0 where that is 0), K padded with zeros to whole groups (width).
+ * `steps` and `sums` [m, groups] get each group's d and d * sum(q); `codes` [m, width] (or NULL)
+ * the q, and `dequantized` [m, width] (or NULL) the q * d. Rows are shared out among the team. */
+static void quantize_rows_shared(const float *x, int64_t x_row_stride, int64_t m_size, int64_t k_size,
+                                 float *steps, float *sums, signed char *codes, float *dequantized) {
+    int64_t groups = (k_size + GROUP - 1) / GROUP, width = groups * GROUP;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < m_size; r++) {
+        for (int64_t g = 0; g < groups; g++) {
+            int64_t start = g * GROUP, count = k_size - start < GROUP ? k_size - start : GROUP;
+            float values[GROUP];
+            const float *in = x + r * x_row_stride + start;
+            if (count < GROUP) {
+                memset(values, 0, sizeof values);
+                memcpy(values, in, (size_t)count * sizeof(float));
+                in = values;
+            }
+            int64_t at = r * width + start;
+            sums[r * groups + g] = quantize_group(in, steps + r * groups + g, codes ? codes + at : NULL,
+                                                  dequantized ? dequantized + at : NULL);
+        }
+    }
+}
 
 /* One panel row times `rows` inputs (column k of x), into the sums. */
 static inline __attribute__((always_inline)) void accumulate(const float *restrict x, int64_t x_row_stride, int64_t k,
@@ -231,17 +334,137 @@ static inline __attribute__((always_inline)) void packed_panel_rows(const float 
     }
 }
 
+#if DOT_PRODUCTS
+#define DOT_TILE_ROWS 4
+#define DOT_CHAINS(ROWS) ((ROWS) == 1 ? 4 : (ROWS) == 2 ? 2 : 1)
+/* `rows` (1..4) quantized rows times a dot panel (32 columns, two halves of 16): per group, each
+ * row's integer sums of q * u (`_mm512_dpbusd_epi32`: 4 byte products a lane), then scaled into
+ * its float sums as the layout comment says. A row's sums of a half run in `DOT_CHAINS(rows)`
+ * independent chains, summed at the group's end, so that one or two rows do not wait on the
+ * instruction's latency. `codes` [rows, width], `steps` and `sums` [rows, groups] (row strides
+ * `width` and `groups`) are the rows' quantized activations. */
+static inline __attribute__((always_inline)) void dot_tile(const signed char *restrict codes,
+                                                           const float *restrict steps,
+                                                           const float *restrict sums,
+                                                           const unsigned char *restrict panel,
+                                                           const float *restrict scales, int64_t groups,
+                                                           const float *restrict bias, int rows, int format,
+                                                           float *out, int64_t n_size, int64_t columns,
+                                                           const unsigned char *ahead) {
+    enum { CHAINS = 4 };
+    const int chains = DOT_CHAINS(rows);
+    const int64_t width = groups * GROUP, row_bytes = 128; /* a t-row of the panel: 32 columns x 4 bytes */
+    const __m512i nibble = _mm512_set1_epi8(15);
+    __m512 total[DOT_TILE_ROWS][2];
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < 2; h++) total[r][h] = _mm512_loadu_ps(bias + h * 16);
+    for (int64_t g = 0; g < groups; g++) {
+        __m512i dots[DOT_TILE_ROWS][2][CHAINS];
+        for (int r = 0; r < rows; r++)
+            for (int h = 0; h < 2; h++)
+                for (int c = 0; c < chains; c++) dots[r][h][c] = _mm512_setzero_si512();
+        const signed char *q = codes + g * GROUP;
+        if (format == INT8_DOTS) {
+            const unsigned char *at = panel + g * (GROUP / 4) * row_bytes;
+            for (int t = 0; t < GROUP / 4; t++) {
+                if (ahead) { /* the next panel's same bytes, toward L2 */
+                    __builtin_prefetch(ahead + (at - panel) + t * row_bytes, 0, 2);
+                    __builtin_prefetch(ahead + (at - panel) + t * row_bytes + 64, 0, 2);
+                }
+                for (int h = 0; h < 2; h++) {
+                    __m512i u = _mm512_loadu_si512(at + t * row_bytes + h * 64);
+                    for (int r = 0; r < rows; r++) {
+                        int32_t four;
+                        memcpy(&four, q + r * width + 4 * t, sizeof four);
+                        __m512i *chain = &dots[r][h][t % chains];
+                        *chain = _mm512_dpbusd_epi32(*chain, u, _mm512_set1_epi32(four));
+                    }
+                }
+            }
+        } else {
+            const unsigned char *at = panel + g * (GROUP / 8) * row_bytes;
+            for (int t = 0; t < GROUP / 8; t++) {
+                if (ahead) { /* the next panel's same bytes, toward L2 */
+                    __builtin_prefetch(ahead + (at - panel) + t * row_bytes, 0, 2);
+                    __builtin_prefetch(ahead + (at - panel) + t * row_bytes + 64, 0, 2);
+                }
+                for (int h = 0; h < 2; h++) {
+                    __m512i packed = _mm512_loadu_si512(at + t * row_bytes + h * 64);
+                    __m512i low = _mm512_and_si512(packed, nibble);
+                    __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
+                    for (int r = 0; r < rows; r++) {
+                        int32_t first, second;
+                        memcpy(&first, q + r * width + 8 * t, sizeof first);
+                        memcpy(&second, q + r * width + 8 * t + 4, sizeof second);
+                        __m512i *chain = &dots[r][h][(2 * t) % chains], *next = &dots[r][h][(2 * t + 1) % chains];
+                        *chain = _mm512_dpbusd_epi32(*chain, low, _mm512_set1_epi32(first));
+                        *next = _mm512_dpbusd_epi32(*next, high, _mm512_set1_epi32(second));
+                    }
+                }
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            __m512 factor = _mm512_loadu_ps(scales + g * 2 * PANEL + h * 16);
+            __m512 offset = _mm512_loadu_ps(scales + g * 2 * PANEL + PANEL + h * 16);
+            for (int r = 0; r < rows; r++) {
+                __m512i dot = dots[r][h][0];
+                for (int c = 1; c < chains; c++) dot = _mm512_add_epi32(dot, dots[r][h][c]);
+                __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(steps[r * groups + g]));
+                total[r][h] = _mm512_fmadd_ps(offset, _mm512_set1_ps(sums[r * groups + g]), total[r][h]);
+                total[r][h] = _mm512_fmadd_ps(factor, scaled, total[r][h]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        float row[PANEL];
+        _mm512_storeu_ps(row, total[r][0]);
+        _mm512_storeu_ps(row + 16, total[r][1]);
+        memcpy(out + r * n_size, row, (size_t)columns * sizeof(float));
+    }
+}
+
+/* One dot panel for all M rows: tiles of 4 rows, then the rest. The first tile asks for `ahead`,
+ * the next panel (or NULL), as `panel_rows` does. */
+static void dot_panel_rows(const signed char *codes, const float *steps, const float *sums,
+                           const unsigned char *panel, const float *scales, const float *bias, int format,
+                           float *out, int64_t m_size, int64_t groups, int64_t n_size, int64_t columns,
+                           const unsigned char *ahead) {
+    int64_t width = groups * GROUP, m = 0;
+    for (; m + DOT_TILE_ROWS <= m_size; m += DOT_TILE_ROWS)
+        dot_tile(codes + m * width, steps + m * groups, sums + m * groups, panel, scales, groups, bias, DOT_TILE_ROWS,
+                 format, out + m * n_size, n_size, columns, m == 0 ? ahead : NULL);
+#define DOT_REST(ROWS)                                                                                              \
+    case ROWS:                                                                                                      \
+        dot_tile(codes + m * width, steps + m * groups, sums + m * groups, panel, scales, groups, bias, ROWS,     \
+                 format, out + m * n_size, n_size, columns, m == 0 ? ahead : NULL);                                 \
+        break
+    switch (m_size - m) { /* one case per count, each inlined with its constant */
+        DOT_REST(1); DOT_REST(2); DOT_REST(3);
+        default: break;
+    }
+#undef DOT_REST
+}
+#endif
+
 /* Every thread of the running team calls this; each computes its share of the panels, and all
  * wait at the end for the whole product. `scales` is NULL for float32 panels. `widened` is
  * scratch of `kernel_threads` x K x 32 floats, or NULL: with it, a packed panel read by more rows
  * than one tile is widened once into the thread's share, and the tiles read the floats (the same
- * weights, so the same sums). */
+ * weights, so the same sums). `activations`: `packed_activation_floats(m, k)` floats, where the
+ * packed formats' quantized rows go (unused for float32 panels). */
 static void packed_linear_shared(const float *x, int64_t x_row_stride, const void *packed, const float *scales,
                                  int format, const float *bias, float *out, int64_t m_size, int64_t k_size,
-                                 int64_t n_size, float *widened) {
-    int64_t panels = (n_size + PANEL - 1) / PANEL, groups = (k_size + GROUP - 1) / GROUP;
+                                 int64_t n_size, float *widened, float *activations) {
+    int64_t panels = (n_size + PANEL - 1) / PANEL, groups = (k_size + GROUP - 1) / GROUP, width = groups * GROUP;
+    float *steps = activations, *sums = activations + m_size * groups, *rows = sums + m_size * groups;
+    if (format != FLOAT_PANELS) { /* the quantized rows every format but float32 multiplies */
+        int dots = format == INT8_DOTS || format == INT4_DOTS;
+        quantize_rows_shared(x, x_row_stride, m_size, k_size, steps, sums, dots ? (signed char *)rows : NULL,
+                             dots ? NULL : rows); /* the loop's barrier: every row is ready after it */
+        x = rows, x_row_stride = width;
+    }
     float *own = widened ? widened + (int64_t)omp_get_thread_num() * k_size * PANEL : NULL;
-    float *scratch = format != FLOAT_PANELS && m_size > TILE_ROWS ? own : NULL;
+    float *scratch = (format == INT8_PANELS || format == INT4_PANELS) && m_size > TILE_ROWS ? own : NULL;
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < panels; p++) {
         float panel_bias[PANEL];
@@ -257,15 +480,25 @@ static void packed_linear_shared(const float *x, int64_t x_row_stride, const voi
             packed_panel_rows(x, x_row_stride, (const unsigned char *)packed + n * k_size / 2,
                               scales + p * groups * 2 * PANEL, panel_bias, INT4_PANELS, scratch, out + n, m_size,
                               k_size, n_size, columns);
-        else
+#if DOT_PRODUCTS
+        else if (format == INT8_DOTS || format == INT4_DOTS) {
+            int64_t bytes = format == INT8_DOTS ? PANEL * width : PANEL * width / 2; /* a panel's */
+            const unsigned char *panel = (const unsigned char *)packed + p * bytes;
+            dot_panel_rows((const signed char *)rows, steps, sums, panel, scales + p * groups * 2 * PANEL, panel_bias,
+                           format, out + n, m_size, groups, n_size, columns, p + 1 < panels ? panel + bytes : NULL);
+        }
+#endif
+        else /* float32 panels, over x or its rounded rows */
             panel_rows(x, x_row_stride, (const float *)packed + n * k_size, NULL, panel_bias, FLOAT_PANELS, out + n,
                        m_size, k_size, n_size, columns, p + 1 < panels ? (const float *)packed + (n + PANEL) * k_size : NULL);
     }
 }
 
-/* `widened`: NULL, or scratch as `packed_linear_shared` takes it. */
+/* `widened`: NULL, or scratch as `packed_linear_shared` takes it; `activations` as it takes them. */
 void packed_linear(const float *x, int64_t x_row_stride, const void *packed, const float *scales, int64_t format,
-                   const float *bias, float *out, int64_t m_size, int64_t k_size, int64_t n_size, float *widened) {
+                   const float *bias, float *out, int64_t m_size, int64_t k_size, int64_t n_size, float *widened,
+                   float *activations) {
 #pragma omp parallel num_threads(kernel_thread_count)
-    packed_linear_shared(x, x_row_stride, packed, scales, (int)format, bias, out, m_size, k_size, n_size, widened);
+    packed_linear_shared(x, x_row_stride, packed, scales, (int)format, bias, out, m_size, k_size, n_size, widened,
+                         activations);
 }
