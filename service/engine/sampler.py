@@ -122,16 +122,18 @@ def sample_rows(samplers: Sequence[Sampler], logits: Tensor) -> list[Pick | None
     None for a row whose controls leave no token to draw (every token masked to -inf): checked for
     all rows before any draw, so the others' random streams are the same as without that row.
     """
-    raw_logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
     adjusted = adjusted_logits(samplers, logits)
     best_values, best_tokens = torch.max(adjusted, dim=-1)
     drawable, best = torch.stack([torch.isfinite(best_values).long(), best_tokens]).tolist()  # one sync
     rows = [row for row in range(len(samplers)) if drawable[row]]
     tokens = [best[row] if samplers[row].greedy else samplers[row].draw(adjusted[row]) for row in rows]
-    kept = raw_logprobs if len(rows) == len(samplers) else raw_logprobs[rows]
+    kept = logits if len(rows) == len(samplers) else logits[rows]
     index = torch.tensor(tokens, dtype=torch.long, device=logits.device)[:, None]
-    chosen = kept.gather(1, index)[:, 0].tolist()
-    alternatives = _top_logprobs(kept, [samplers[row].params.top_logprobs for row in rows])
+    # A log-probability is the logit less its row's log-sum-exp: one reading of the logits, where
+    # a whole log_softmax also wrote [B, V] (at 16 rows of a 49k vocabulary, a step's 0.3 ms).
+    normalizer = torch.logsumexp(kept, dim=-1)
+    chosen = (kept.gather(1, index)[:, 0] - normalizer).tolist()
+    alternatives = _top_logprobs(kept, normalizer, [samplers[row].params.top_logprobs for row in rows])
     picks: list[Pick | None] = [None] * len(samplers)
     for row, token, logprob, top in zip(rows, tokens, chosen, alternatives, strict=True):
         samplers[row].record(token)
@@ -150,12 +152,13 @@ def top_alternatives(logprobs: Tensor, count: int) -> list[TopLogprobs]:
     ]
 
 
-def _top_logprobs(raw_logprobs: Tensor, counts: list[int]) -> list[TopLogprobs | None]:
-    """Each row's alternatives (None where none were asked for), from one top-k over the batch."""
+def _top_logprobs(logits: Tensor, normalizer: Tensor, counts: list[int]) -> list[TopLogprobs | None]:
+    """Each row's alternatives (None where none were asked for), from one top-k over the batch of
+    logits less their rows' log-sum-exp (`normalizer` [B])."""
     widest = max(counts, default=0)
     if widest == 0:
         return [None] * len(counts)
-    rows = top_alternatives(raw_logprobs, widest)
+    rows = top_alternatives(logits - normalizer[:, None], widest)
     return [row[:count] if count else None for row, count in zip(rows, counts, strict=True)]
 
 

@@ -45,17 +45,24 @@ int64_t batch_pass_workspace(int64_t batch, int64_t d_model, int64_t heads, int6
            packed_activation_floats(batch, widest);
 }
 
-/* torch's rms_norm: weight * (x * rsqrt(mean(x^2) + eps)). */
-static void rms_norm_rows(const float *restrict x, const float *restrict weight, float *restrict out,
-                          int64_t batch, int64_t d_model, float eps) {
+/* For every row (shared out among the team): hidden += added (the residual; none where `added` is
+ * NULL), then normed = torch's rms_norm of it: weight * (x * rsqrt(mean(x^2) + eps)). Fused, a
+ * layer's residual add and the next norm cost one barrier, and every thread takes rows. */
+static void residual_norm_rows(float *restrict hidden, const float *restrict added, const float *restrict weight,
+                               float *restrict normed, int64_t batch, int64_t d_model, float eps) {
+#pragma omp for schedule(static)
     for (int64_t b = 0; b < batch; b++) {
-        const float *row = x + b * d_model;
+        float *row = hidden + b * d_model;
+        if (added) {
+#pragma omp simd
+            for (int64_t d = 0; d < d_model; d++) row[d] += added[b * d_model + d];
+        }
         float squares = 0.0f;
 #pragma omp simd reduction(+ : squares)
         for (int64_t d = 0; d < d_model; d++) squares += row[d] * row[d];
         float inverse = 1.0f / sqrtf(squares / (float)d_model + eps);
 #pragma omp simd
-        for (int64_t d = 0; d < d_model; d++) out[b * d_model + d] = weight[d] * (row[d] * inverse);
+        for (int64_t d = 0; d < d_model; d++) normed[b * d_model + d] = weight[d] * (row[d] * inverse);
     }
 }
 
@@ -96,11 +103,6 @@ static void gated_activation(const float *restrict gate_up, float *restrict out,
     }
 }
 
-static void add_rows(float *restrict into, const float *restrict values, int64_t count) {
-#pragma omp simd
-    for (int64_t i = 0; i < count; i++) into[i] += values[i];
-}
-
 void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, const float *bias,
                 const void *const *layers, float *const *key_pages, float *const *value_pages,
                 const int64_t *window_blocks, const int64_t *positions, const float *final_norm, const void *lm_head,
@@ -117,20 +119,19 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
     float *quantized = widened + kernel_thread_count * widest_input(d_model, heads, head_dim, ffn) * PANEL;
     float scale = 1.0f / sqrtf((float)head_dim);
     int tiled = runs > 0 && !bias && chunk_tiles_fit(heads, kv_heads, head_dim, block_size);
-    /* One team for the whole pass: the products, the attention and the activation share their
-     * loops among its threads; the norms, rotations and residual adds (a few microseconds) run on
-     * one thread while the others wait at the end of each `single`. */
+    /* One team for the whole pass: the products, the attention, the activation, the norms (with
+     * the residual adds) and the rotations share their loops among its threads. */
 #pragma omp parallel num_threads(kernel_thread_count)
     {
         for (int64_t l = 0; l < n_layers; l++) {
             const void *const *w = layers + l * LAYER_TENSORS;
             const int64_t *f = formats + l * 4; /* qkv, o_proj, gate_up, down */
-#pragma omp single
-            rms_norm_rows(hidden, w[ATTN_NORM], normed, batch, d_model, eps);
+            /* The last layer's MLP output joins the residual here (none before the first layer). */
+            residual_norm_rows(hidden, l > 0 ? projected : NULL, w[ATTN_NORM], normed, batch, d_model, eps);
             packed_linear_shared(normed, d_model, w[QKV], w[QKV_SCALES], (int)f[0], w[QKV_BIAS], qkv, batch,
                                  d_model, qkv_width, widened, quantized);
-#pragma omp single
             if (rope_cos) {
+#pragma omp for schedule(static)
                 for (int64_t b = 0; b < batch; b++) {
                     for (int64_t h = 0; h < heads + kv_heads; h++) { /* queries, then keys */
                         rotate_head(qkv + b * qkv_width + h * head_dim, rope_cos + b * rotary_dim,
@@ -150,21 +151,14 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
             }
             packed_linear_shared(attended, attended_width, w[O_PROJ], w[O_SCALES], (int)f[1], NULL, projected,
                                  batch, attended_width, d_model, widened, quantized);
-#pragma omp single
-            {
-                add_rows(hidden, projected, batch * d_model);
-                rms_norm_rows(hidden, w[MLP_NORM], normed, batch, d_model, eps);
-            }
+            residual_norm_rows(hidden, projected, w[MLP_NORM], normed, batch, d_model, eps);
             packed_linear_shared(normed, d_model, w[GATE_UP], w[GATE_UP_SCALES], (int)f[2], NULL, gate_up, batch,
                                  d_model, 2 * ffn, widened, quantized);
             gated_activation(gate_up, activation, batch, ffn);
             packed_linear_shared(activation, ffn, w[DOWN], w[DOWN_SCALES], (int)f[3], NULL, projected, batch, ffn,
                                  d_model, widened, quantized);
-#pragma omp single
-            add_rows(hidden, projected, batch * d_model);
         }
-#pragma omp single
-        rms_norm_rows(hidden, final_norm, normed, batch, d_model, eps);
+        residual_norm_rows(hidden, n_layers > 0 ? projected : NULL, final_norm, normed, batch, d_model, eps);
         packed_linear_shared(normed, d_model, lm_head, lm_head_scales, (int)formats[n_layers * 4], NULL, logits,
                              batch, d_model, vocab, widened, quantized);
     }
