@@ -8,14 +8,14 @@
  * is read once, front to back, and stays in L1 while every tile of up to 8 rows consumes it; each
  * tile keeps its 8 x 32 sums in registers and broadcasts one input at a time.
  *
- * Panels hold one of three formats (`format`, one per call):
+ * Panels hold one of these formats (`format`, one per call):
  * - FLOAT_PANELS: float32 weights;
  * - INT8_PANELS (`--weights int8`): int8 codes with one float32 scale per output column and group
  *   of `GROUP` inputs, scales [ceil(N / 32), ceil(K / GROUP), 32] (GGUF's Q8_0 block):
  *   W[n, k] = code * scale;
  * - INT4_PANELS (`--weights int4`): 4-bit codes, a panel row's 32 in 16 bytes (column c in the low
  *   nibble of byte c, column c + 16 in its high nibble), with a scale and a minimum per column and
- *   group, scales [ceil(N / 32), K / GROUP, 2, 32] (GGUF's Q4_1 block): W[n, k] = code * scale + min.
+ *   group, scales [ceil(N / 32), K / GROUP, 2, 32] (GGUF's Q4_1 block): W[n, k] = code * scale + min;
  * - INT8_DOTS and INT4_DOTS: the same codes laid out for integer dot products (`dot_tile`), where
  *   the CPU has them (AVX-512 VNNI; `packed_dot_products`);
  * - ROUNDED_FLOAT_PANELS: float32 weights over rounded activations, as the packed formats: a
