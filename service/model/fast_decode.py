@@ -51,6 +51,7 @@ from service.model.decode_pass import (
     unsupported_by_fast_pass,
 )
 from service.model.kernels import batch_pass
+from service.model.kernels.huge_pages import HugePageArena
 from service.model.kernels.packed_linear import Panels, pack_int4, pack_int8, pack_weight
 from service.model.paged_cache import PagedKVCache, PagedRows
 from service.model.positional import PassTables
@@ -351,11 +352,19 @@ class FastDecoder:
 
 @torch.no_grad()
 def c_batch_pass(model: Transformer, pool: PagedKVCache) -> batch_pass.BatchPass:
-    """The C step over the model's weights, packed in panels (copies, made once): float32 layers
-    as float panels, `Int8Linear` layers as their codes and scales, unwidened."""
+    """The C step over the model's weights, packed in panels (copies, made once, in memory backed
+    by 2 MiB pages where the system has them: `HugePageArena`): float32 layers as float panels,
+    `Int8Linear` and `Int4Linear` layers as their codes and scales, unwidened."""
     reason = unsupported_by_fast_pass(model.config)
     if reason is not None:
         raise ValueError(f"the C step cannot run this model: {reason}")
+    arena = HugePageArena()
+
+    def placed(projections: Sequence[torch.nn.Module | None]) -> Panels:
+        panels = _packed(projections)
+        scales = arena.place(panels.scales) if panels.scales is not None else None
+        return panels._replace(values=arena.place(panels.values), scales=scales)
+
     layers = []
     for block in model.layers:
         assert isinstance(block, Block) and block.mlp_norm is not None  # Llama's block, checked above
@@ -364,19 +373,19 @@ def c_batch_pass(model: Transformer, pool: PagedKVCache) -> batch_pass.BatchPass
         layers.append(
             batch_pass.CLayer(
                 attn_norm=norm_weight(block.attn_norm),
-                qkv=_panels(projections),
+                qkv=placed(projections),
                 qkv_bias=fused_bias(projections),
-                o_proj=_panels([attention.o_proj]),
+                o_proj=placed([attention.o_proj]),
                 mlp_norm=norm_weight(block.mlp_norm),
-                gate_up=_panels([mlp.gate_proj, mlp.up_proj]),
-                down=_panels([mlp.down_proj]),
+                gate_up=placed([mlp.gate_proj, mlp.up_proj]),
+                down=placed([mlp.down_proj]),
             )
         )
-    head = _panels([model.lm_head])
+    head = placed([model.lm_head])
     return batch_pass.BatchPass(model.config, layers, norm_weight(model.norm), head, pool.keys, pool.values)
 
 
-def _panels(projections: Sequence[torch.nn.Module | None]) -> Panels:
+def _packed(projections: Sequence[torch.nn.Module | None]) -> Panels:
     """One product's panels from the layers whose outputs it stacks (q, k, v; gate, up): their
     codes when all are packed alike, else float32 panels of the weights they stand for (a file
     may keep one projection at a finer format than its neighbours), over activations rounded as
