@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from service.model.config import ModelConfig
+from service.model.kernels.huge_pages import HugePageArena
 from service.model.kv_cache import KVCache
 
 BLOCK_SIZE = 16
@@ -74,8 +75,16 @@ class PagedKVCache:
             raise ValueError("a paged cache needs at least one block besides the scratch block")
         shape = (config.n_kv_heads, num_blocks, block_size, config.head_dim)
         self.block_size = block_size
-        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
-        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        if torch.device(device).type == "cpu":
+            # Pages of 2 MiB where the system has them (attention reads a row's blocks scattered
+            # over the pool: SmolLM2 at 16 rows of 2,000 tokens stepped in 90-94 ms against
+            # 104-105), taken as rows first write them.
+            arena = HugePageArena()
+            self.keys = [arena.zeros(shape, dtype) for _ in range(config.n_layers)]
+            self.values = [arena.zeros(shape, dtype) for _ in range(config.n_layers)]
+        else:
+            self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+            self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self._free = list(range(num_blocks - 1, SCRATCH_BLOCK, -1))
         self._references = [0] * num_blocks
         self._key_of: dict[int, bytes] = {}  # published blocks and their prefix keys

@@ -49,6 +49,16 @@ def test_a_tensor_past_the_region_s_end_opens_a_region_of_its_own_size() -> None
     assert [float(tensor.sum()) for tensor in (first, second, large)] == [200_000, 200_000, 3_000_000]
 
 
+def test_zeros_are_fresh_zeros_one_after_another() -> None:
+    arena = HugePageArena()
+    pool = arena.zeros((4, 1 << 20), torch.float32)  # 16 MiB
+    assert pool.shape == (4, 1 << 20) and not pool.any()
+    pool[2, :10] = 1.0
+    assert float(pool.sum()) == 10.0
+    follower = arena.zeros((3,), torch.int64)  # the next one starts past the first, on a line
+    assert follower.data_ptr() - pool.data_ptr() == 16 << 20 and not follower.any()
+
+
 def test_placed_tensors_outlive_the_arena() -> None:
     placed = HugePageArena().place(torch.arange(1000.0))
     torch.ones(10_000_000).sum()  # other allocations come and go

@@ -16,6 +16,7 @@ and nothing else changes.
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 
 import torch
@@ -37,14 +38,20 @@ class HugePageArena:
 
     def place(self, tensor: Tensor) -> Tensor:
         """A contiguous copy of the CPU tensor `tensor`, in the arena."""
-        nbytes = tensor.numel() * tensor.element_size()
+        placed = self.zeros(tuple(tensor.shape), tensor.dtype)
+        placed.copy_(tensor)
+        return placed
+
+    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        """A tensor of zeros in the arena. The mapping is zero until written and takes memory page
+        by page as it is first written, so a large pool costs what its rows have used."""
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         if self._memory is None or self._used + nbytes > self._memory.numel():
             self._open_region(max(self._region_bytes, nbytes))
         assert self._memory is not None
-        placed = self._memory[self._used : self._used + nbytes].view(tensor.dtype).view(tensor.shape)
-        placed.copy_(tensor)
+        tensor = self._memory[self._used : self._used + nbytes].view(dtype).view(shape)
         self._used += -(-nbytes // ALIGNMENT) * ALIGNMENT
-        return placed
+        return tensor
 
     def _open_region(self, size: int) -> None:
         # One huge page more than asked: the usable bytes start on a 2 MiB boundary. Bytes never
