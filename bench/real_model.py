@@ -13,8 +13,12 @@ Workloads: 1 client (requests one after another) and 16 concurrent clients, each
 prompt tokens and 64 new ones; a 3,298-token English prompt (`pydoc_data.topics`, what every
 Python has) with 16 new tokens, the first time and the same prompt again (the prompt cache).
 The sides take turns within every repeat, and ratios are medians of per-repeat ratios, so drifting
-load hits both sides alike. Each pe-serve server's CPU time is split between its API process and
-its engine process over the 16-client run.
+load hits both sides alike. During a side's turn the other servers are paused (SIGSTOP to their
+process groups; SIGCONT for their own turn), so that each has the machine to itself, as a user's
+one server does, and keeps its caches between turns: idle, two llama-servers cost a pe-serve
+server 8% of its 16-client rate in a probe (398 tok/s against 430-434 with only pe-serve servers
+beside it). Each pe-serve server's CPU time is split between its API process and its engine
+process over the 16-client run.
 
     python -m bench.real_model [--repeats 3] [--output bench/results/real_model.md] [--quick]
 
@@ -29,6 +33,7 @@ import asyncio
 import contextlib
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -188,6 +193,7 @@ def started(peers: Sequence[Peer], logs: Path) -> Iterator[list[Running]]:
                     env={**os.environ, **peer.environment},
                     stdout=log,
                     stderr=subprocess.STDOUT,
+                    start_new_session=True,  # a process group of its own, paused whole (`turn`)
                 )
             running.append(Running(peer, process, f"http://127.0.0.1:{port}", log_path))
         for server in running:
@@ -195,6 +201,8 @@ def started(peers: Sequence[Peer], logs: Path) -> Iterator[list[Running]]:
         yield running
     finally:
         for server in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.process.pid, signal.SIGCONT)  # a paused server could not stop
             server.process.terminate()
         for server in running:
             try:
@@ -202,6 +210,19 @@ def started(peers: Sequence[Peer], logs: Path) -> Iterator[list[Running]]:
             except subprocess.TimeoutExpired:
                 server.process.kill()
                 server.process.wait()
+
+
+@contextlib.contextmanager
+def turn(server: Running, servers: Sequence[Running]) -> Iterator[Running]:
+    """`server` running with every other server paused; they resume afterwards."""
+    others = [other for other in servers if other is not server]
+    for other in others:
+        os.killpg(other.process.pid, signal.SIGSTOP)
+    try:
+        yield server
+    finally:
+        for other in others:
+            os.killpg(other.process.pid, signal.SIGCONT)
 
 
 def wait_ready(server: Running) -> str:
@@ -365,39 +386,47 @@ def measure(peers: Sequence[Peer], tokens: list[int], q4_1: Path, sizes: Sizes, 
     short = [tokens[i * 97 : i * 97 + sizes.short_prompt] for i in range(sizes.clients)]
     with tempfile.TemporaryDirectory() as logs, started(peers, Path(logs)) as servers:
         for server in servers:  # a first request of each kind, so no repeat pays a cold start
-            run_clients(server, short[:1], sizes.new_tokens, 1)
+            with turn(server, servers):
+                run_clients(server, short[:1], sizes.new_tokens, 1)
         for repeat in range(repeats):
             # A long prompt no server has seen: each repeat starts further into the text.
             offset = 1000 + repeat * 4000
             long_prompt = tokens[offset : offset + sizes.long_prompt]
-            for server in servers:
-                name = server.peer.name
-                progress(f"repeat {repeat + 1}/{repeats}: {name}")
-                results.one.setdefault(name, []).append(
-                    run_clients(server, short[repeat % len(short) :][:1], sizes.new_tokens, sizes.sequential)
-                )
-                before = cpu_seconds(server.process.pid) if server.peer.is_pe_serve else None
-                results.many.setdefault(name, []).append(run_clients(server, short, sizes.new_tokens, 1))
-                if before is not None:
-                    after = cpu_seconds(server.process.pid)
-                    results.split.setdefault(name, []).append({k: after[k] - before[k] for k in after})
-                if server.peer.is_pe_serve:  # per-request scalings: what no other server has
-                    mix = [MIXED_SCALINGS[i % len(MIXED_SCALINGS)] for i in range(len(short))]
-                    uniform = [MIXED_SCALINGS[-2]] * len(short)  # yarn x4
-                    for table, scalings in ((results.uniform, uniform), (results.mixed, mix)):
-                        table.setdefault(name, []).append(
-                            run_clients(server, short, sizes.new_tokens, 1, scalings)
-                        )
-                results.cold.setdefault(name, []).append(
-                    run_prompt(server, long_prompt, sizes.long_new_tokens)
-                )
-                results.warm.setdefault(name, []).append(
-                    run_prompt(server, long_prompt, sizes.long_new_tokens)
-                )
+            for running in servers:
+                progress(f"repeat {repeat + 1}/{repeats}: {running.peer.name}")
+                with turn(running, servers) as server:
+                    measure_turn(server, results, short, long_prompt, sizes, repeat)
     for repeat in range(repeats):
         progress(f"repeat {repeat + 1}/{repeats}: generate()")
         results.generate.append(generate_rates(q4_1, short, sizes))
     return results
+
+
+def measure_turn(
+    server: Running,
+    results: Results,
+    short: list[list[int]],
+    long_prompt: list[int],
+    sizes: Sizes,
+    repeat: int,
+) -> None:
+    """One repeat's workloads on one server, into `results`."""
+    name = server.peer.name
+    results.one.setdefault(name, []).append(
+        run_clients(server, short[repeat % len(short) :][:1], sizes.new_tokens, sizes.sequential)
+    )
+    before = cpu_seconds(server.process.pid) if server.peer.is_pe_serve else None
+    results.many.setdefault(name, []).append(run_clients(server, short, sizes.new_tokens, 1))
+    if before is not None:
+        after = cpu_seconds(server.process.pid)
+        results.split.setdefault(name, []).append({k: after[k] - before[k] for k in after})
+    if server.peer.is_pe_serve:  # per-request scalings: what no other server has
+        mix = [MIXED_SCALINGS[i % len(MIXED_SCALINGS)] for i in range(len(short))]
+        uniform = [MIXED_SCALINGS[-2]] * len(short)  # yarn x4
+        for table, scalings in ((results.uniform, uniform), (results.mixed, mix)):
+            table.setdefault(name, []).append(run_clients(server, short, sizes.new_tokens, 1, scalings))
+    results.cold.setdefault(name, []).append(run_prompt(server, long_prompt, sizes.long_new_tokens))
+    results.warm.setdefault(name, []).append(run_prompt(server, long_prompt, sizes.long_new_tokens))
 
 
 def progress(message: str) -> None:
@@ -422,7 +451,8 @@ def report(results: Results, sizes: Sizes, repeats: int, peers: Sequence[Peer]) 
         "# SmolLM2-135M-Instruct: pe-serve against llama-server and generate()",
         "",
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC at `{code_revision()}`, {os.cpu_count()} cores ({cpu}), "
-        f"medians of {repeats} repeats; the sides take turns within each repeat. Reproduce: "
+        f"medians of {repeats} repeats; the sides take turns within each repeat, the other servers "
+        "paused (SIGSTOP) during each side's turn. Reproduce: "
         "`make bench-real` (or `python -m bench.real_model`).",
         "",
         "Requests: `/v1/completions`, token ids, greedy, `ignore_eos`. "
