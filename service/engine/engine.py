@@ -30,6 +30,7 @@ from service.engine.core import DEFAULT_DECODE, DecodeSettings, EngineCore, Job
 from service.engine.errors import EngineDrainingError, ModelLoadError, RequestFailedError
 from service.engine.frontend import EngineFrontend
 from service.engine.models import ServedModel, load_served_model, resolve_device, resolve_dtype
+from service.model.kernels.openmp import release_thread_pool
 
 logger = logging.getLogger("service.engine")
 
@@ -162,7 +163,11 @@ class InferenceEngine(EngineFrontend):
         return b""
 
     def start(self) -> None:
+        """Run the engine's thread. The calling thread, which built the engine (loaded and warmed up
+        its models), lets its idle OpenMP workers go: the model's work is the engine thread's from
+        now on, and a second pool alive in the process slows every step (`release_thread_pool`)."""
         if self._thread is None:
+            release_thread_pool()
             self._thread = threading.Thread(target=self._run, name="pe-serve-engine", daemon=True)
             self._thread.start()
 
