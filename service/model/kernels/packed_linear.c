@@ -336,6 +336,13 @@ static inline __attribute__((always_inline)) void packed_panel_rows(const float 
 
 #if DOT_PRODUCTS
 #define DOT_TILE_ROWS 4
+/* The next panel's t-row (its 128 bytes) at `offset`, toward L2; nothing when `ahead` is NULL. */
+static inline __attribute__((always_inline)) void ask_ahead(const unsigned char *ahead, int64_t offset) {
+    if (ahead) {
+        __builtin_prefetch(ahead + offset, 0, 2);
+        __builtin_prefetch(ahead + offset + 64, 0, 2);
+    }
+}
 #define DOT_CHAINS(ROWS) ((ROWS) == 1 ? 4 : (ROWS) == 2 ? 2 : 1)
 /* `rows` (1..4) quantized rows times a dot panel (32 columns, two halves of 16): per group, each
  * row's integer sums of q * u (`_mm512_dpbusd_epi32`: 4 byte products a lane), then scaled into
@@ -367,10 +374,7 @@ static inline __attribute__((always_inline)) void dot_tile(const signed char *re
         if (format == INT8_DOTS) {
             const unsigned char *at = panel + g * (GROUP / 4) * row_bytes;
             for (int t = 0; t < GROUP / 4; t++) {
-                if (ahead) { /* the next panel's same bytes, toward L2 */
-                    __builtin_prefetch(ahead + (at - panel) + t * row_bytes, 0, 2);
-                    __builtin_prefetch(ahead + (at - panel) + t * row_bytes + 64, 0, 2);
-                }
+                ask_ahead(ahead, (at - panel) + t * row_bytes);
                 for (int h = 0; h < 2; h++) {
                     __m512i u = _mm512_loadu_si512(at + t * row_bytes + h * 64);
                     for (int r = 0; r < rows; r++) {
@@ -384,10 +388,7 @@ static inline __attribute__((always_inline)) void dot_tile(const signed char *re
         } else {
             const unsigned char *at = panel + g * (GROUP / 8) * row_bytes;
             for (int t = 0; t < GROUP / 8; t++) {
-                if (ahead) { /* the next panel's same bytes, toward L2 */
-                    __builtin_prefetch(ahead + (at - panel) + t * row_bytes, 0, 2);
-                    __builtin_prefetch(ahead + (at - panel) + t * row_bytes + 64, 0, 2);
-                }
+                ask_ahead(ahead, (at - panel) + t * row_bytes);
                 for (int h = 0; h < 2; h++) {
                     __m512i packed = _mm512_loadu_si512(at + t * row_bytes + h * 64);
                     __m512i low = _mm512_and_si512(packed, nibble);
