@@ -156,14 +156,14 @@ class ModelBatch:
 
     def fits(self, request: GenerationRequest, scaling: RopeScaling) -> bool:
         """Whether the pool has blocks for the whole request now (prompt and every new token)."""
-        return self.pool.fits(_reach(request), self._reusable(self._prefix(request, scaling), request))
+        return self.pool.fits(_reach(request), self._prefix(request, scaling), _reusable(request))
 
     def add(self, sequence: RunningSequence) -> None:
         """Start reading its prompt, in blocks reserved for the whole request (`fits` first),
         from the end of the prefix the pool has cached (`sequence.cached_tokens`)."""
         request = sequence.request
         prefix = self._prefix(request, sequence.scaling)
-        row = self.pool.allocate(_reach(request), self._reusable(prefix, request))
+        row = self.pool.allocate(_reach(request), prefix, _reusable(request))
         row.prefix = prefix
         if row.length:
             prompt = len(request.prompt_tokens)
@@ -193,11 +193,6 @@ class ModelBatch:
         if changes and not positions.keeps_cached_keys(scaling):
             return []
         return prefix_keys((scaling, table), request.prompt_tokens, self.pool.block_size)
-
-    def _reusable(self, prefix: list[bytes], request: GenerationRequest) -> list[bytes]:
-        """The keys a prompt may take from the cache: the blocks before its last token, whose
-        logits the prompt's own pass must give."""
-        return prefix[: max(0, len(request.prompt_tokens) - 1) // self.pool.block_size]
 
     def prefill_chunk(self, budget: int) -> tuple[StepOutcome, int]:
         """Advance every prefilling row by a chunk that fits `budget` units (`plan_chunk`).
@@ -396,6 +391,12 @@ class ModelBatch:
                 counts=list(counts),
             )[:, -1]  # [N, V] at each row's last real token
         return logits.float()
+
+
+def _reusable(request: GenerationRequest) -> int:
+    """The prompt tokens a row may read from the cache: those before its last one, whose logits
+    the row's own pass must give."""
+    return max(0, len(request.prompt_tokens) - 1)
 
 
 def _reach(request: GenerationRequest) -> int:

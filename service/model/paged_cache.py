@@ -12,8 +12,11 @@ everything before it, its tokens, and a root naming the row's scaling and table)
 request whose prompt starts with the same blocks under the same root reuses them instead of
 computing them again. Blocks are reference-counted; a published block nobody uses stays cached
 and is evicted least recently used first, inside the same pool bound, only when a fresh block is
-needed. Shared blocks are only read: a row writes past its length, and a cached prefix ends on a
-block boundary before the prompt's last token, whose logits the row must compute anyway.
+needed. Shared blocks are only read: a row writes past its length. A row reuses at most the
+tokens before its prompt's last one, whose logits its own pass must give; where that limit ends
+inside a cached block (a prompt of whole blocks, asked again), the row copies the block's head
+into a block of its own rather than computing a whole block again (llama.cpp's prompt cache
+likewise recomputes one token, not 16).
 
 Block 0 is never handed out. Writes that belong to nobody (positions past a row's reservation
 when a prefill chunk pads a short row to the group's width, padding rows of a fixed-shape decode
@@ -146,23 +149,34 @@ class PagedKVCache:
     def blocks_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.block_size)
 
-    def fits(self, tokens: int, prefix: Sequence[bytes] = ()) -> bool:
-        """Whether a sequence of `tokens` can be admitted now, reusing what it can of `prefix`."""
-        cached = self._cached(prefix)
-        idle = sum(1 for block in cached if self._references[block] == 0)
-        return self.blocks_for(tokens) - len(cached) <= self.free_blocks - idle
+    def fits(self, tokens: int, prefix: Sequence[bytes] = (), limit: int | None = None) -> bool:
+        """Whether a sequence of `tokens` can be admitted now, reusing what it can of `prefix`'s
+        first `limit` tokens (all of its blocks by default)."""
+        shared, head = self._reusable(prefix, limit)
+        lender = [head[0]] if head else []
+        held = [block for block in shared + lender if self._references[block] == 0]
+        return self.blocks_for(tokens) - len(shared) <= self.free_blocks - len(held)
 
-    def allocate(self, tokens: int, prefix: Sequence[bytes] = ()) -> PagedRow:
-        """Blocks for `tokens`: first the cached blocks of `prefix` (the row's `length` says how
-        many tokens they hold), then fresh ones, evicting idle cached blocks when none is free."""
-        if not self.fits(tokens, prefix):
+    def allocate(self, tokens: int, prefix: Sequence[bytes] = (), limit: int | None = None) -> PagedRow:
+        """Blocks for `tokens`: first the cached blocks of `prefix`, then fresh ones, evicting idle
+        cached blocks when none is free. The row reads at most `limit` tokens from the cache (its
+        `length` says how many); a cached block that `limit` ends inside lends its head, copied."""
+        if not self.fits(tokens, prefix, limit):
             raise MemoryError(f"{tokens} tokens need {self.blocks_for(tokens)} KV blocks; too few are free")
-        cached = self._cached(prefix)
-        for block in cached:
+        shared, head = self._reusable(prefix, limit)
+        lender = [head[0]] if head else []
+        for block in shared + lender:  # the lender too, so that no fresh block evicts it
             self._idle.pop(block, None)
             self._references[block] += 1
-        fresh = [self._take() for _ in range(self.blocks_for(tokens) - len(cached))]
-        return PagedRow(cached + fresh, length=len(cached) * self.block_size)
+        fresh = [self._take() for _ in range(self.blocks_for(tokens) - len(shared))]
+        length = len(shared) * self.block_size
+        if head:
+            block, count = head
+            for buffer in self.keys + self.values:
+                buffer[:, fresh[0], :count] = buffer[:, block, :count]
+            self._unreference(block)
+            length += count
+        return PagedRow(shared + fresh, length=length)
 
     def publish(self, row: PagedRow) -> None:
         """Offer the row's whole prompt blocks (`row.prefix`, once written) to later requests; a
@@ -175,14 +189,30 @@ class PagedKVCache:
     def release(self, row: PagedRow) -> None:
         """Give the row's blocks back; published ones stay cached until evicted, the tail first."""
         for block in reversed(row.blocks):
-            self._references[block] -= 1
-            if self._references[block] > 0:
-                continue
-            if block in self._key_of:
-                self._idle[block] = None
-            else:
-                self._free.append(block)
+            self._unreference(block)
         row.blocks = []
+
+    def _unreference(self, block: int) -> None:
+        self._references[block] -= 1
+        if self._references[block] > 0:
+            return
+        if block in self._key_of:
+            self._idle[block] = None
+        else:
+            self._free.append(block)
+
+    def _reusable(
+        self, prefix: Sequence[bytes], limit: int | None
+    ) -> tuple[list[int], tuple[int, int] | None]:
+        """The cached blocks wholly before `limit`, and (block, count) where `limit` ends `count`
+        tokens into a further cached block."""
+        cached = self._cached(prefix)
+        if limit is None:
+            return cached, None
+        whole, count = divmod(limit, self.block_size)
+        if count and len(cached) > whole:
+            return cached[:whole], (cached[whole], count)
+        return cached[:whole], None
 
     def _cached(self, prefix: Sequence[bytes]) -> list[int]:
         """The published blocks of `prefix`'s leading keys, up to the first one not cached."""

@@ -157,12 +157,14 @@ def written_entries(pool: PagedKVCache, row: PagedRow) -> torch.Tensor:
     ("overrides", "scalings"), [case[1:] for case in SCHEME_CASES], ids=[case[0] for case in SCHEME_CASES]
 )
 @pytest.mark.parametrize("threads", [1, 2], ids=["1-thread", "2-threads"])
+@pytest.mark.parametrize("counts", [(12, 9, 12, 6), (1, 1, 1, 1)], ids=["chunks", "one-token-chunks"])
 def test_prompt_chunks_in_c_equal_the_eager_pass(
-    overrides: dict[str, Any], scalings: list[RopeScaling], threads: int
+    overrides: dict[str, Any], scalings: list[RopeScaling], threads: int, counts: tuple[int, ...]
 ) -> None:
     """A second prompt chunk, rows of different pasts and counts padded to one width, run as rows of
     the C step: the same logits, row state and cached entries as the eager pass writes, also with
-    the pass shared among two threads (a chunk's rows attend in any order)."""
+    the pass shared among two threads (a chunk's rows attend in any order). One token per row runs
+    as a decode step, read with each prompt's table rather than one for the row's length."""
     require_kernel(batch_pass.available, "batch step")
     overrides = dict(overrides)
     model = tiny_transformer(native_context=overrides.pop("native_context", NATIVE), **overrides)
@@ -170,7 +172,7 @@ def test_prompt_chunks_in_c_equal_the_eager_pass(
     eager_pool = pool_for(model)
     generator = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 256, (n,), generator=generator).tolist() for n in (30, 12, 50, 7)]
-    firsts, counts = (9, 3, 20, 1), (12, 9, 12, 6)  # the chunk: 12 wide, rows 2 and 4 padded
+    firsts, width = (9, 3, 20, 1), max(counts)  # 12 wide: rows 2 and 4 padded
     row_scalings = [scalings[i % len(scalings)] for i in range(len(prompts))]
     table_lengths = [len(prompt) for prompt in prompts]
     views = []
@@ -188,7 +190,7 @@ def test_prompt_chunks_in_c_equal_the_eager_pass(
             )
         views.append(PagedRows(pool, rows))
     chunks = [
-        tuple(prompt[n : n + count]) + (0,) * (12 - count)
+        tuple(prompt[n : n + count]) + (0,) * (width - count)
         for prompt, n, count in zip(prompts, firsts, counts, strict=True)
     ]
     assert decoder.prefills(views[1].lengths, counts)

@@ -97,14 +97,16 @@ def test_a_repeated_prompt_reads_its_prefix_from_the_cache(
 ) -> None:
     directory: Path = request.getfixturevalue(fixture)
     long = prompt(50)
-    prompts = [long, long, (*long[:40], *prompt(20, seed=1)[1:])]  # the third shares 2 blocks
+    whole = prompt(48, seed=5)
+    prompts = [long, long, (*long[:40], *prompt(20, seed=1)[1:]), whole, whole]
     with engine_for(directory) as engine:
         cached = run(engine, model, prompts, scaling)
     with engine_for(directory, prefix_cache=False) as engine:
         computed = run(engine, model, prompts, scaling)
-    # 49 tokens before the last one: 3 whole blocks of 16; the third prompt shares 40 tokens: 2 blocks.
-    assert [result.cached_tokens for result in cached] == [0, 48, 32]
-    assert [result.cached_tokens for result in computed] == [0, 0, 0]
+    # 49 tokens before the last one: 3 whole blocks of 16; the third prompt shares 40 tokens: 2
+    # blocks; a prompt of 3 whole blocks takes 2 and copies 15 tokens of the third.
+    assert [result.cached_tokens for result in cached] == [0, 48, 32, 0, 47]
+    assert [result.cached_tokens for result in computed] == [0] * 5
     assert_same_answers(cached, computed)
 
 
@@ -179,3 +181,31 @@ def test_cached_blocks_are_evicted_oldest_first_inside_the_pool_bound() -> None:
     pool.release(other)
     assert pool.free_blocks == 6 and pool.cached_blocks == 2
     assert pool.allocate(48, first).length == 32  # the evicted tail is gone, its head is not
+
+
+def test_a_limit_inside_a_cached_block_copies_its_head_and_keeps_the_block_cached() -> None:
+    """A prompt of whole blocks asked again reads all but its last token: the block holding that
+    token lends its head, copied into the row's own block, and stays cached even when the row's
+    fresh blocks must evict idle ones."""
+    config = tiny_transformer(native_context=NATIVE).config
+    pool = PagedKVCache(config, 7, device=torch.device("cpu"), dtype=torch.float32)  # 6 usable blocks
+    first, second = prefix_keys("root", range(48)), prefix_keys("root", range(100, 132))
+    published = []
+    for tokens, keys in ((48, first), (32, second)):
+        row = pool.allocate(tokens, keys)
+        row.prefix = keys
+        published.append(list(row.blocks))
+        for buffer in pool.keys + pool.values:
+            buffer[:, row.blocks] = torch.randn_like(buffer[:, row.blocks])
+        pool.publish(row)
+        pool.release(row)
+    (*shared, lender), _ = published
+    # 1 block never used; idle, oldest first: the first prompt's tail (the lender), its head, the second's.
+    assert pool.free_blocks == 6 and pool.cached_blocks == 5
+    assert not pool.fits(96, first, limit=47)  # 4 fresh blocks would need the lender evicted
+    row = pool.allocate(64, first, limit=47)  # 2 fresh: the unused block, then the oldest idle but the lender
+    assert row.length == 47 and row.blocks[:2] == shared and lender not in row.blocks
+    for buffer in pool.keys + pool.values:
+        assert torch.equal(buffer[:, row.blocks[2], :15], buffer[:, lender, :15])
+    pool.release(row)
+    assert pool.allocate(48, first).length == 48  # the lender is still cached
