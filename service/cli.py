@@ -123,7 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch threads of the engine (default 0: every core)",
     )
     parser.add_argument(
-        "--kv-cache-mb", type=int, metavar="MIB", help="KV cache pool per model in MiB (default 128)"
+        "--kv-cache-mb",
+        type=int,
+        metavar="MIB",
+        help="KV cache pool per model in MiB (default 128, or 4 max_context requests where that is more)",
     )
     parser.add_argument(
         "--compile",

@@ -68,10 +68,11 @@ class Settings(BaseSettings):
     torch_threads: int = Field(
         default=0, ge=0, description="Torch threads of the engine; 0 means every core."
     )
-    kv_cache_mb: int = Field(
-        default=128,
+    kv_cache_mb: int | None = Field(
+        default=None,
         ge=1,
-        description="KV cache pool per model in MiB (never less than one max_context request).",
+        description="KV cache pool per model in MiB (never less than one max_context request); "
+        "default: 128, or room for 4 max_context requests where that is more.",
     )
     compile: bool = Field(
         default=False,

@@ -69,7 +69,7 @@ def load_engine(settings: Settings) -> Engine:
         prefill_slowdown=settings.prefill_slowdown,
         torch_threads=settings.torch_threads,
         decode=importlib.import_module("service.engine.core").DecodeSettings(
-            kv_cache_bytes=settings.kv_cache_mb << 20,
+            kv_cache_bytes=None if settings.kv_cache_mb is None else settings.kv_cache_mb << 20,
             compile=settings.compile,
             prefix_cache=settings.prefix_cache,
             compile_max_window=settings.compile_max_window,

@@ -37,21 +37,26 @@ from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest, PEInfo, ScoreResult, ScoringRequest, Timing
 from service.model.backend import Backend, BackendChoice, choose_backend
 from service.model.fast_decode import DEFAULT_MAX_WINDOW, FastDecoder, window_bucket
-from service.model.paged_cache import PagedKVCache
+from service.model.paged_cache import PagedKVCache, bytes_per_token
 from service.model.quantized import weights_of
 
 logger = logging.getLogger("service.engine.core")
 
-# Each model's KV block pool. 128 MiB holds about 21,800 tokens of a zoo model (6 KiB per token),
-# e.g. 64 requests of 340 tokens; a pool is never smaller than one request of max_context.
+# Each model's KV block pool unless `--kv-cache-mb` sets it: 128 MiB (about 21,800 tokens of a zoo
+# model, 6 KiB per token), or room for `DEFAULT_POOL_REQUESTS` requests of max_context where that is
+# more. A real model stores far more per token (SmolLM2 in float32: 46 KiB, so 128 MiB held 2,900
+# tokens): one 3,300-token prompt then took the whole pool and evicted every cached prefix, and 16
+# clients repeating their prompts read them again each time. A pool is never smaller than one
+# request of max_context. On a CPU the pool's memory is committed as rows first write it.
 DEFAULT_KV_CACHE_BYTES = 128 << 20
+DEFAULT_POOL_REQUESTS = 4
 
 
 @dataclass(frozen=True)
 class DecodeSettings:
     """How decoding uses memory and the compiler (`--kv-cache-mb`, `--compile`, `--prefix-cache`)."""
 
-    kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
+    kv_cache_bytes: int | None = None  # None: the default rule (`DEFAULT_KV_CACHE_BYTES`)
     compile: bool = False
     prefix_cache: bool = True
     compile_max_window: int = DEFAULT_MAX_WINDOW  # the compiled backends' longest window; C has none
@@ -335,9 +340,13 @@ def _model_batch(served: ServedModel, decode: DecodeSettings, max_batch_size: in
     model = served.model
     weight = model.embed_tokens.weight
     longest = served.spec.info.max_context
+    budget = decode.kv_cache_bytes
+    if budget is None:
+        requests = DEFAULT_POOL_REQUESTS * longest * bytes_per_token(model.config, weight.dtype)
+        budget = max(DEFAULT_KV_CACHE_BYTES, requests)
     pool = PagedKVCache.within(
         model.config,
-        decode.kv_cache_bytes,
+        budget,
         min_tokens=longest,
         max_tokens=max_batch_size * longest,
         device=weight.device,

@@ -372,6 +372,24 @@ def test_smollm2_greedy_chat_reply_equals_transformers(smollm2: Any) -> None:
     assert "Paris" in tokenizer.decode(list(result.tokens))
 
 
+def test_smollm2_s_default_pool_keeps_a_short_prompt_cached_past_a_long_one(smollm2: Any) -> None:
+    """At 46 KiB a token, 128 MiB was 256 blocks, the floor of one 4,096-token request: a prompt of
+    4,060 tokens took every block but the short prompt's and evicted its tail. The default pool
+    has room for 4 such requests."""
+    path, _, tokenizer, engine = smollm2
+    tokens = english(4108, tokenizer)
+    short, long = tuple(tokens[:48]), tuple(tokens[48:])
+
+    def cached(prompt: tuple[int, ...]) -> int:
+        sampling = SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True)
+        request = GenerationRequest(f"pool-{len(prompt)}", path.stem, prompt, sampling)
+        result = list(engine.submit(request))[-1]
+        assert isinstance(result, GenerationResult)
+        return result.cached_tokens
+
+    assert [cached(short), cached(long), cached(short)] == [0, 0, 47]
+
+
 def test_a_live_server_serves_the_gguf_file(smollm2: Any) -> None:
     path = smollm2[0]
     with live_server([path], options={"grpc_port": 0}) as server:
