@@ -247,7 +247,8 @@ class FastDecoder:
         tokens of a zoo model (a /tmp probe, 3 alternating runs). The C pass stops before the
         output layer, and only each row's last token goes through it (in torch): with a
         vocabulary of 49,152 (SmolLM2) the head over every token of a 1,536-token chunk was a
-        fifth of its products and 300 MB of logits.
+        fifth of its products and 300 MB of logits. Those tokens go through the pass's own packed
+        output layer (`BatchPass.output_layer`).
 
         A chunk of one token per row (a cached prompt's last token) is a decode step read with
         the prompt's tables, and runs as one: its output layer packed in C, its tables cached
@@ -278,10 +279,11 @@ class FastDecoder:
             *tables[1:],
         )
         last = torch.tensor(list(itertools.accumulate(counts)), device=device) - 1
+        assert self.c_pass is not None  # `prefills` said so
         with torch.inference_mode():
             # [T, D], the residual after every layer
             hidden = self._run_in_c(inputs, logits=False, runs=counts)
-            logits: Tensor = self.model.lm_head(self.model.norm(hidden[last])).float()
+            logits = self.c_pass.output_layer(self.model.norm(hidden[last]))
         keys = self._table_keys(scalings, table_lengths)
         rows.advance(torch.tensor([list(chunk) for chunk in chunks]), keys, counts)
         return logits

@@ -261,7 +261,9 @@ def test_long_prompt_chunks_attend_in_tiles_as_the_eager_pass(heads: dict[str, i
         for prompt, past, count in zip(prompts, pasts, counts, strict=True)
     ]
     table_lengths = [len(prompt) for prompt in prompts]
+    heads_of = (model.config.n_heads, model.config.n_kv_heads)
     assert decoder.prefills(views[1].lengths, counts)
+    assert [batch_pass.run_tiled(count, *heads_of) for count in counts] == [True, True, False]
     with torch.inference_mode():
         expected = model(
             torch.tensor(chunks),
@@ -276,6 +278,19 @@ def test_long_prompt_chunks_attend_in_tiles_as_the_eager_pass(heads: dict[str, i
     for eager_row, row in zip(views[0].rows, views[1].rows, strict=True):
         gap = written_entries(decoder.pool, row) - written_entries(eager_pool, eager_row)
         assert float(gap.abs().max()) < TOLERANCE
+
+
+def test_a_run_of_a_few_tokens_attends_row_by_row() -> None:
+    """A tile costs all its lanes however few tokens fill it: a run of 2 tokens (a cached
+    prompt's last ones) took twice a decode step in tiles, so it attends row by row; a run that
+    fills half a tile or more attends in tiles (the chunk tests above check both against the
+    eager pass, side by side in one pass)."""
+    require_kernel(batch_pass.available, "batch step")
+    for heads, kv_heads in ((9, 3), (6, 2), (4, 4)):
+        tiled = [rows for rows in range(1, 200) if batch_pass.run_tiled(rows, heads, kv_heads)]
+        smallest = tiled[0]
+        assert tiled == list(range(smallest, 200))  # from half a tile up
+        assert 2 < smallest <= 24 and not batch_pass.run_tiled(2, heads, kv_heads)
 
 
 def test_prompt_chunks_past_the_window_or_off_the_c_backend_run_eager() -> None:

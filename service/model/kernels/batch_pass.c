@@ -142,7 +142,7 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
             const float *keys = qkv + attended_width, *values = keys + kv_heads * head_dim;
             if (tiled) {
                 chunk_attention_shared(qkv, keys, values, key_pages[l], value_pages[l], window_blocks, positions,
-                                       attended, qkv_width, qkv_width, qkv_width, batch, heads, kv_heads, head_dim,
+                                       attended, scores, qkv_width, qkv_width, qkv_width, batch, heads, kv_heads, head_dim,
                                        num_blocks, block_size, blocks_per_row, run_ends, runs, scale);
             } else {
                 paged_attention_shared(qkv, keys, values, key_pages[l], value_pages[l], window_blocks, positions,

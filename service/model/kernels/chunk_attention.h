@@ -55,6 +55,17 @@ int64_t chunk_tiles_fit(int64_t heads, int64_t kv_heads, int64_t head_dim, int64
     return block_size == LANES && head_dim % LANES == 0 && head_dim <= TILE_MAX_DIM && heads / kv_heads <= TILE_LANES;
 }
 
+/* Whether a run of `rows` tokens attends in tiles (exported through `batch_pass.c`, for its
+ * tests). A tile does the work of all its lanes however few tokens fill them, and a token's query
+ * vector attended row by row costs about two lanes. SmolLM2 3,296 tokens deep (tiles of 16
+ * tokens), a C pass over one run: 2 tokens took 48 ms in tiles against 24 row by row, 4 took 48
+ * against 32, 8 took 49 against 47, 16 took 54 against 87. The choice is the run's own, so a
+ * row's numbers never depend on the runs beside it. */
+int64_t chunk_run_tiled(int64_t rows, int64_t heads, int64_t kv_heads) {
+    int64_t tile_rows = TILE_LANES / (heads / kv_heads);
+    return (rows + tile_rows - 1) / tile_rows * tile_rows <= 2 * rows;
+}
+
 /* One tile: `rows` consecutive tokens from position `first`, the `group` query heads of one key
  * head. Lane v is token v / group's head v % group; token t sees keys 0 .. first + t. */
 static void attend_tile(const float *queries, int64_t query_stride, float *out, int64_t out_stride, int64_t rows,
@@ -148,24 +159,51 @@ static void attend_tile(const float *queries, int64_t query_stride, float *out, 
 }
 
 /* Every thread of the running team calls this, for a pass whose rows are `runs` runs and which
- * `chunk_tiles_fit`. Tiles are handed out latest first (the most keys), so the last ones to start
- * are short. */
+ * `chunk_tiles_fit`. Runs that `chunk_run_tiled` attend in tiles, handed out latest first (the
+ * most keys), so the last ones to start are short; the others' tokens attend row by row, each
+ * (token, head) pair a unit after the tiles. */
 static void chunk_attention_shared(const float *queries, const float *new_keys, const float *new_values,
                                    float *key_pages, float *value_pages, const int64_t *block_table,
-                                   const int64_t *positions, float *out, int64_t query_row_stride,
+                                   const int64_t *positions, float *out, float *scores, int64_t query_row_stride,
                                    int64_t key_row_stride, int64_t value_row_stride, int64_t batch, int64_t heads,
                                    int64_t kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
                                    int64_t blocks_per_row, const int64_t *run_ends, int64_t runs, float scale) {
-    int64_t head_stride = num_blocks * block_size * head_dim;
-    int64_t group = heads / kv_heads, tile_rows = TILE_LANES / group, tiles = 0;
+    int64_t head_stride = num_blocks * block_size * head_dim, window = blocks_per_row * block_size;
+    int64_t group = heads / kv_heads, tile_rows = TILE_LANES / group, tiles = 0, pairs = 0;
     write_rows_entries(new_keys, new_values, key_pages, value_pages, block_table, positions, key_row_stride,
                        value_row_stride, batch, kv_heads, head_dim, head_stride, block_size, blocks_per_row);
-    for (int64_t r = 0, begin = 0; r < runs; begin = run_ends[r++]) tiles += (run_ends[r] - begin + tile_rows - 1) / tile_rows;
+    for (int64_t r = 0, begin = 0; r < runs; begin = run_ends[r++]) {
+        int64_t rows = run_ends[r] - begin;
+        if (chunk_run_tiled(rows, heads, kv_heads)) {
+            tiles += (rows + tile_rows - 1) / tile_rows;
+        } else {
+            pairs += rows * heads;
+        }
+    }
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t unit = 0; unit < tiles * kv_heads; unit++) {
+    for (int64_t unit = 0; unit < tiles * kv_heads + pairs; unit++) {
+        if (unit >= tiles * kv_heads) { /* a (token, head) pair of a run attended row by row */
+            int64_t pair = unit - tiles * kv_heads, b = 0;
+            for (int64_t r = 0, begin = 0; r < runs; begin = run_ends[r++]) {
+                int64_t rows = run_ends[r] - begin;
+                if (chunk_run_tiled(rows, heads, kv_heads)) continue;
+                if (pair < rows * heads) {
+                    b = begin + pair / heads;
+                    break;
+                }
+                pair -= rows * heads;
+            }
+            int64_t h = pair % heads, kv = h / group;
+            attend_head(queries + b * query_row_stride + h * head_dim, key_pages + kv * head_stride,
+                        value_pages + kv * head_stride, block_table + b * blocks_per_row, positions[b] + 1, NULL,
+                        out + (b * heads + h) * head_dim, scores + (int64_t)omp_get_thread_num() * window,
+                        block_size, head_dim, scale);
+            continue;
+        }
         int64_t tile = tiles - 1 - unit / kv_heads, kv = unit % kv_heads, row = 0, end = 0;
         for (int64_t r = 0, begin = 0; r < runs; begin = run_ends[r++]) {
-            int64_t count = (run_ends[r] - begin + tile_rows - 1) / tile_rows;
+            int64_t rows = run_ends[r] - begin, count = (rows + tile_rows - 1) / tile_rows;
+            if (!chunk_run_tiled(rows, heads, kv_heads)) continue;
             if (tile < count) {
                 row = begin + tile * tile_rows;
                 end = run_ends[r];

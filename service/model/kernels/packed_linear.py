@@ -182,7 +182,8 @@ def packed_linear(input: Tensor, packed_weight: Panels, bias: Tensor | None, out
     """float32 [..., N]: `F.linear(input, weight, bias)` with the weight as `pack_weight`,
     `pack_int8` or `pack_int4` packed it (the packed formats over `quantized_activations(input)`).
     CPU only; `available()` says whether it can run. The batch step (`batch_pass.c`) calls the
-    same C function; this binding is the kernel's own, for its tests."""
+    same C function; this binding is the kernel's own, for its tests and for a prompt chunk's
+    output layer (`BatchPass.output_layer`)."""
     kernel = _kernel()
     if kernel is None:
         raise RuntimeError("the packed linear kernel is not available on this machine")
