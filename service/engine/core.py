@@ -37,6 +37,7 @@ from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest, PEInfo, ScoreResult, ScoringRequest, Timing
 from service.model.backend import Backend, BackendChoice, choose_backend
 from service.model.fast_decode import DEFAULT_MAX_WINDOW, FastDecoder, window_bucket
+from service.model.kernels.logit_rows import logit_rows
 from service.model.paged_cache import PagedKVCache, bytes_per_token
 from service.model.quantized import weights_of
 
@@ -273,10 +274,10 @@ class EngineCore:
             self._fail(sequence, error)
         if not outcome.rows:
             return
-        # A row's logits are all finite when its largest and smallest are (NaN propagates to
-        # both); two reductions take half the time of a full `isfinite` at 64 rows.
+        # One reading of the logits for the finiteness check and what sampling needs of them.
         logits = outcome.logits
-        finite = (torch.isfinite(logits.amax(dim=-1)) & torch.isfinite(logits.amin(dim=-1))).tolist()
+        summary = logit_rows(logits)
+        finite = summary.finite
         live = [
             row for row, sequence in enumerate(outcome.rows) if finite[row] and sequence.finish_reason is None
         ]
@@ -288,9 +289,11 @@ class EngineCore:
         if not live:
             return
         try:
+            every = len(live) == len(outcome.rows)
             picks = sample_rows(
                 [outcome.rows[row].sampler for row in live],
-                logits if len(live) == len(outcome.rows) else logits[live],
+                logits if every else logits[live],
+                summary if every else summary.of(live),
             )
         except Exception as error:  # a bug in sampling must fail these requests, never the engine
             logger.exception("sampling failed", extra={"rows": len(live)})

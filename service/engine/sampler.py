@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from service.engine.types import SamplingParams, TopLogprob, TopLogprobs
+from service.model.kernels.logit_rows import LogitRows, logit_rows
 
 
 class Pick(NamedTuple):
@@ -111,27 +112,36 @@ class Sampler:
         return int(torch.multinomial(probabilities, 1, generator=self.generator(logits.device)))
 
 
-def sample_rows(samplers: Sequence[Sampler], logits: Tensor) -> list[Pick | None]:
+def sample_rows(
+    samplers: Sequence[Sampler], logits: Tensor, summary: LogitRows | None = None
+) -> list[Pick | None]:
     """One pick per row of finite float32 logits [B, vocab]; each sampler records its token.
+    `summary`: `logit_rows(logits)`, where the caller has it already.
 
-    Everything runs where the logits are (the model's device): softmax, argmax and top-k
-    alternatives once for the whole batch, a per-row draw only for rows that sample, penalties
-    and masks only for rows that use them. What comes back to the host is B token ids and
-    log-probabilities (and the asked-for alternatives), never a row of logits.
+    Everything runs where the logits are (the model's device): the rows' argmax and log-sum-exp
+    in one pass (`logit_rows`), top-k alternatives once for the whole batch, a per-row draw only
+    for rows that sample, penalties and masks only for rows that use them. What comes back to the
+    host is B token ids and log-probabilities (and the asked-for alternatives), never a row of
+    logits.
 
     None for a row whose controls leave no token to draw (every token masked to -inf): checked for
     all rows before any draw, so the others' random streams are the same as without that row.
     """
+    summary = summary if summary is not None else logit_rows(logits)
     adjusted = adjusted_logits(samplers, logits)
-    best_values, best_tokens = torch.max(adjusted, dim=-1)
-    drawable, best = torch.stack([torch.isfinite(best_values).long(), best_tokens]).tolist()  # one sync
+    if adjusted is logits:  # finite rows: each has a token to draw
+        drawable, best = [1] * len(samplers), summary.argmaxes
+    else:
+        best_values, best_tokens = torch.max(adjusted, dim=-1)
+        drawable, best = torch.stack([torch.isfinite(best_values).long(), best_tokens]).tolist()  # one sync
     rows = [row for row in range(len(samplers)) if drawable[row]]
     tokens = [best[row] if samplers[row].greedy else samplers[row].draw(adjusted[row]) for row in rows]
-    kept = logits if len(rows) == len(samplers) else logits[rows]
+    every = len(rows) == len(samplers)
+    kept = logits if every else logits[rows]
     index = torch.tensor(tokens, dtype=torch.long, device=logits.device)[:, None]
     # A log-probability is the logit less its row's log-sum-exp: one reading of the logits, where
     # a whole log_softmax also wrote [B, V] (at 16 rows of a 49k vocabulary, a step's 0.3 ms).
-    normalizer = torch.logsumexp(kept, dim=-1)
+    normalizer = summary.log_sums if every else summary.of(rows).log_sums
     chosen = (kept.gather(1, index)[:, 0] - normalizer).tolist()
     alternatives = _top_logprobs(kept, normalizer, [samplers[row].params.top_logprobs for row in rows])
     picks: list[Pick | None] = [None] * len(samplers)

@@ -29,6 +29,7 @@ SANITIZERS = "address,undefined"
 SANITIZED_TESTS = (
     "tests/service/test_packed_linear_kernel.py",
     "tests/service/test_paged_attention_kernel.py",
+    "tests/service/test_logit_rows.py",
     "tests/service/test_kernels_sanitized.py",
     "tests/service/test_fast_decode.py::test_the_c_step_refuses_a_block_id_past_its_pool_before_running",
     "tests/service/test_fast_decode.py::test_prompt_chunks_in_c_equal_the_eager_pass",
