@@ -16,7 +16,8 @@ SOURCES = sorted(Path(build.__file__).parent.glob("*.c"))
 
 
 def test_every_kernel_source_is_found() -> None:
-    assert {source.stem for source in SOURCES} == {"batch_pass", "logit_rows", "packed_linear", "paged_attention"}
+    stems = {source.stem for source in SOURCES}
+    assert stems == {"batch_pass", "logit_rows", "packed_linear", "paged_attention"}
 
 
 def test_a_compiler_that_fails_is_reported_with_its_message(
