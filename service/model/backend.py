@@ -26,8 +26,8 @@ from enum import StrEnum
 import torch
 
 from service.model.config import ModelConfig
-from service.model.decode_pass import unsupported_by_fast_pass
 from service.model.kernels import batch_pass
+from service.model.spec import C_SUPPORT, TORCH_STEP_SUPPORT, BlockSpec
 
 
 class Backend(StrEnum):
@@ -64,11 +64,15 @@ def choose_backend(
     `--compile`. Inductor on a
     CPU compiles C++, so without a compiler the model stays eager rather than failing at warm-up.
     """
-    unsupported = unsupported_by_fast_pass(config)
-    if unsupported is not None:
-        return BackendChoice(Backend.EAGER, f"the fast step cannot run it: {unsupported}")
+    spec = BlockSpec.of(config)
     if device.type == "cpu" and dtype == torch.float32 and batch_pass.available():
+        refused = C_SUPPORT.refuses(spec)
+        if refused is not None:
+            return BackendChoice(Backend.EAGER, refused)
         return BackendChoice(Backend.C, f"{weights} weights on a CPU: a C call per pass, {threads} threads")
+    refused = TORCH_STEP_SUPPORT.refuses(spec)
+    if refused is not None:
+        return BackendChoice(Backend.EAGER, refused)
     if weights != "float":
         # The torch step reads float matrices; packed layers widen theirs in the eager pass.
         return BackendChoice(Backend.EAGER, f"{weights} weights off the C step run in the eager pass")

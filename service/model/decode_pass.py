@@ -26,8 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pe_runtime.rope import apply_rope
-from service.model.config import ModelConfig, RopeLayout, Scheme
+from service.model.config import RopeLayout, Scheme
 from service.model.kernels.paged_attention import reference_paged_decode_attention
+from service.model.spec import TORCH_STEP_SUPPORT, BlockSpec
 from service.model.transformer import Block, Transformer, rms_norm
 
 
@@ -84,33 +85,6 @@ class PassInputs(NamedTuple):
     t5_buckets: Tensor | None  # [2 W - 1], the bucket of key k for query q at k - q + W - 1
 
 
-FAST_SCHEMES: frozenset[Scheme] = frozenset(
-    {"rope", "rope_alibi", "nope", "alibi", "t5_bias", "learned", "sinusoidal"}
-)
-
-
-def unsupported_by_fast_pass(config: ModelConfig) -> str | None:
-    """Why the fast step cannot run this model (None when it can).
-
-    The step's layer math is Llama's block (RMSNorm, SwiGLU, sequential residual, biases on q, k
-    and v at most); a model of another shape runs eager rather than approximately.
-    """
-    if config.pe not in FAST_SCHEMES:
-        return f"the {config.pe!r} scheme's attention is not a bias on the scores"
-    differences = {
-        "norm": config.norm != "rms",
-        "gated_mlp": not config.gated_mlp or config.activation != "silu",
-        "mlp_bias": config.mlp_bias,
-        "attn_out_bias": config.attn_out_bias,
-        "lm_head_bias": config.lm_head_bias,
-        "residual": config.residual != "sequential",
-        "embedding_norm": config.embedding_norm,
-        "qk_norm": config.qk_norm,
-    }
-    found = [name for name, differs in differences.items() if differs]
-    return f"its block differs from Llama's in {', '.join(found)}" if found else None
-
-
 def pass_shape(model: Transformer, block_size: int) -> PassShape:
     config = model.config
     return PassShape(
@@ -133,9 +107,9 @@ def prelude_weights(model: Transformer) -> PreludeWeights:
 @torch.no_grad()
 def pack_weights(model: Transformer) -> PassWeights:
     """The model's weights in the step's layout (fused projections are copies, made once)."""
-    reason = unsupported_by_fast_pass(model.config)
-    if reason is not None:
-        raise ValueError(f"the decode pass cannot run this model: {reason}")
+    refused = TORCH_STEP_SUPPORT.refuses(BlockSpec.of(model.config))
+    if refused is not None:
+        raise ValueError(refused)
     layers = []
     for block in cast(list[Block], list(model.layers)):
         attention, mlp = block.attn, block.mlp

@@ -48,7 +48,6 @@ from service.model.decode_pass import (
     pass_prelude,
     pass_shape,
     prelude_weights,
-    unsupported_by_fast_pass,
 )
 from service.model.kernels import batch_pass
 from service.model.kernels.huge_pages import HugePageArena
@@ -56,6 +55,7 @@ from service.model.kernels.packed_linear import Panels, pack_int4, pack_int8, pa
 from service.model.paged_cache import PagedKVCache, PagedRows
 from service.model.positional import PassTables
 from service.model.quantized import Int4Linear, Int8Linear
+from service.model.spec import C_SUPPORT, BlockSpec
 from service.model.transformer import Block, Transformer
 
 logger = logging.getLogger("service.model.fast_decode")
@@ -327,6 +327,8 @@ class FastDecoder:
         `runs`: a prompt chunk's rows per sequence (`BatchPass`)."""
         assert self.c_pass is not None
         hidden, rope, bias = pass_prelude(self.shape, self.prelude, inputs)
+        if self.model.embed_norm is not None:  # BLOOM's, on the embedded token
+            hidden = self.model.embed_norm(hidden)
         blocks, positions = inputs.window_blocks, inputs.positions
         return self.c_pass(hidden, rope, bias, blocks, positions, logits=logits, runs=runs)
 
@@ -371,10 +373,12 @@ class FastDecoder:
 def c_batch_pass(model: Transformer, pool: PagedKVCache) -> batch_pass.BatchPass:
     """The C step over the model's weights, packed in panels (copies, made once, in memory backed
     by 2 MiB pages where the system has them: `HugePageArena`): float32 layers as float panels,
-    `Int8Linear` and `Int4Linear` layers as their codes and scales, unwidened."""
-    reason = unsupported_by_fast_pass(model.config)
-    if reason is not None:
-        raise ValueError(f"the C step cannot run this model: {reason}")
+    `Int8Linear` and `Int4Linear` layers as their codes and scales, unwidened. Norms and biases
+    are passed as they are; a tensor the block does not have is None (`BatchPass` checks the two
+    agree)."""
+    refused = C_SUPPORT.refuses(BlockSpec.of(model.config))
+    if refused is not None:
+        raise ValueError(refused)
     arena = HugePageArena()
 
     def placed(projections: Sequence[torch.nn.Module | None]) -> Panels:
@@ -384,22 +388,46 @@ def c_batch_pass(model: Transformer, pool: PagedKVCache) -> batch_pass.BatchPass
 
     layers = []
     for block in model.layers:
-        assert isinstance(block, Block) and block.mlp_norm is not None  # Llama's block, checked above
+        assert isinstance(block, Block)
         attention, mlp = block.attn, block.mlp
         projections = [attention.q_proj, attention.k_proj, attention.v_proj]
+        ups = [mlp.gate_proj, mlp.up_proj] if mlp.gate_proj is not None else [mlp.up_proj]
         layers.append(
             batch_pass.CLayer(
                 attn_norm=norm_weight(block.attn_norm),
+                attn_norm_bias=norm_bias(block.attn_norm),
                 qkv=placed(projections),
                 qkv_bias=fused_bias(projections),
+                q_norm=norm_weight(attention.q_norm) if attention.q_norm is not None else None,
+                k_norm=norm_weight(attention.k_norm) if attention.k_norm is not None else None,
                 o_proj=placed([attention.o_proj]),
-                mlp_norm=norm_weight(block.mlp_norm),
-                gate_up=placed([mlp.gate_proj, mlp.up_proj]),
+                o_bias=_bias(attention.o_proj),
+                mlp_norm=norm_weight(block.mlp_norm) if block.mlp_norm is not None else None,
+                mlp_norm_bias=norm_bias(block.mlp_norm) if block.mlp_norm is not None else None,
+                up=placed(ups),
+                up_bias=fused_bias(ups),
                 down=placed([mlp.down_proj]),
+                down_bias=_bias(mlp.down_proj),
             )
         )
-    head = placed([model.lm_head])
-    return batch_pass.BatchPass(model.config, layers, norm_weight(model.norm), head, pool.keys, pool.values)
+    head = batch_pass.CHead(
+        norm=norm_weight(model.norm),
+        norm_bias=norm_bias(model.norm),
+        lm_head=placed([model.lm_head]),
+        lm_head_bias=_bias(model.lm_head),
+    )
+    return batch_pass.BatchPass(model.config, layers, head, pool.keys, pool.values)
+
+
+def norm_bias(norm: torch.nn.Module) -> Tensor | None:
+    """A LayerNorm's bias; None for RMSNorm and a LayerNorm without one."""
+    bias = getattr(norm, "bias", None)
+    return bias if isinstance(bias, Tensor) else None
+
+
+def _bias(projection: torch.nn.Module) -> Tensor | None:
+    bias = getattr(projection, "bias", None)
+    return bias if isinstance(bias, Tensor) else None
 
 
 def _packed(projections: Sequence[torch.nn.Module | None]) -> Panels:

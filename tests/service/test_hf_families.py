@@ -29,8 +29,8 @@ from service.engine.types import (  # noqa: E402
     ScoreResult,
     ScoringRequest,
 )
-from service.model.decode_pass import unsupported_by_fast_pass  # noqa: E402
 from service.model.hf import UnsupportedCheckpointError, hf_config_to_model_config, load_hf_checkpoint  # noqa: E402
+from service.model.kernels import batch_pass  # noqa: E402
 from tests.live_server import live_server  # noqa: E402
 
 TOLERANCE = 1e-4
@@ -219,12 +219,15 @@ def tokenizer_for(directory: Path) -> None:
     ["gpt2", "gptj", "gpt_neox", "stablelm", "bloom", "mpt", "falcon", "falcon-alibi", "phi3", "qwen3"],
 )
 def test_engine_generates_and_scores_like_transformers(tmp_path: Path, case: str) -> None:
-    """The served model: 32 greedy tokens equal `generate()`'s, scored logprobs equal transformers'."""
+    """The served model, on the C pass: 32 greedy tokens equal `generate()`'s, scored logprobs equal
+    transformers'."""
     directory = tmp_path / case
     reference = save_random(directory, case, eos_token_id=None, bos_token_id=None)
     tokenizer_for(directory)
     engine = InferenceEngine.from_model_dirs([directory], device="cpu", dtype="float32")
     engine.start()
+    if batch_pass.available():
+        assert [info.backend for info in engine.models()] == ["c"]
     prompt = [5, 17, 42, 3, 9, 11]
     try:
         request = GenerationRequest(
@@ -268,14 +271,6 @@ def test_unsupported_features_are_refused_by_key() -> None:
         hf_config_to_model_config(base | {"model_type": "llama", "final_logit_softcapping": 30.0})
 
 
-def test_fast_step_names_what_it_cannot_run() -> None:
-    neox = hf_config_to_model_config({"model_type": "gpt_neox", "vocab_size": VOCAB} | LLAMA_SHAPE)
-    reason = unsupported_by_fast_pass(neox)
-    assert reason is not None and "norm" in reason and "residual" in reason
-    llama = hf_config_to_model_config({"model_type": "llama", "vocab_size": VOCAB} | LLAMA_SHAPE)
-    assert unsupported_by_fast_pass(llama) is None
-
-
 PER_REQUEST = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
 
 
@@ -310,6 +305,8 @@ def test_live_server_serves_the_families_with_per_request_scalings(tmp_path: Pat
             "bloom": "alibi",
             "qwen3": "rope",
         }
+        if batch_pass.available():
+            assert {card["backend"] for card in listed} == {"c"}
         for case, reference, scaling in [
             *((case, references[case], None) for case in cases),
             ("qwen3", scaled, PER_REQUEST),

@@ -23,6 +23,7 @@ from service.model.config import ModelConfig
 from service.model.kernels.build import kernel_function, ordered, use_threads
 from service.model.kernels.packed_linear import Panels, check_panels, packed_linear
 from service.model.kernels.paged_attention import MAX_HEAD_DIM, check_rows
+from service.model.spec import C_SUPPORT, BlockSpec
 
 _SOURCE = Path(__file__).with_name("batch_pass.c")
 
@@ -54,31 +55,79 @@ def run_tiled(rows: int, heads: int, kv_heads: int) -> bool:
 
 class CLayer(NamedTuple):
     """One layer's weights for the C step; matrices as `packed_linear.pack_weight`, `pack_int8` or
-    `pack_int4` laid them out, each in its own format."""
+    `pack_int4` laid them out, each in its own format. None is a block without that tensor."""
 
     attn_norm: Tensor  # [D]
+    attn_norm_bias: Tensor | None  # [D], LayerNorm's
     qkv: Panels  # N = (H + 2 Hkv) hd
     qkv_bias: Tensor | None  # [N]
+    q_norm: Tensor | None  # [hd], Qwen3's per-head norms (both or neither)
+    k_norm: Tensor | None
     o_proj: Panels  # N = D
-    mlp_norm: Tensor  # [D]
-    gate_up: Panels  # N = 2 F
+    o_bias: Tensor | None
+    mlp_norm: Tensor | None  # [D]; None where the MLP reads the attention's norm (parallel)
+    mlp_norm_bias: Tensor | None
+    up: Panels  # N = 2 F, gate then up, for a gated MLP; else F
+    up_bias: Tensor | None
     down: Panels  # N = D
+    down_bias: Tensor | None
 
     def matrices(self) -> tuple[Panels, ...]:
-        return self.qkv, self.o_proj, self.gate_up, self.down
+        return self.qkv, self.o_proj, self.up, self.down
+
+    def vectors(self) -> tuple[Tensor | None, ...]:
+        """Norm weights and biases, which the kernel reads as float32 as they are."""
+        return (
+            self.attn_norm,
+            self.attn_norm_bias,
+            self.qkv_bias,
+            self.q_norm,
+            self.k_norm,
+            self.o_bias,
+            self.mlp_norm,
+            self.mlp_norm_bias,
+            self.up_bias,
+            self.down_bias,
+        )
 
     def pointers(self) -> list[Tensor | None]:
         """The layer's entry in the C step's table, in `batch_pass.c`'s order."""
-        qkv, o_proj, gate_up, down = self.qkv, self.o_proj, self.gate_up, self.down
         return [
             self.attn_norm,
-            *qkv.tensors(),
+            self.attn_norm_bias,
+            *self.qkv.tensors(),
             self.qkv_bias,
-            *o_proj.tensors(),
+            self.q_norm,
+            self.k_norm,
+            *self.o_proj.tensors(),
+            self.o_bias,
             self.mlp_norm,
-            *gate_up.tensors(),
-            *down.tensors(),
+            self.mlp_norm_bias,
+            *self.up.tensors(),
+            self.up_bias,
+            *self.down.tensors(),
+            self.down_bias,
         ]
+
+
+class CHead(NamedTuple):
+    """The final norm and the output layer."""
+
+    norm: Tensor  # [D]
+    norm_bias: Tensor | None
+    lm_head: Panels  # N = V
+    lm_head_bias: Tensor | None  # [V]
+
+
+# `batch_pass.c`'s codes for the block's features (`BLOCK_*`, `ACTIVATION_*`, `RESIDUAL_*`).
+_ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
+_RESIDUALS = {"sequential": 0, "parallel": 1, "parallel_two_norms": 2}
+
+
+def block_features(spec: BlockSpec) -> Tensor:
+    """The `block` array of `batch_pass.c`: norm kind, activation, gated or not, residual shape."""
+    features = [int(spec.norm == "layer"), _ACTIVATIONS[spec.activation], int(spec.gated_mlp)]
+    return torch.tensor([*features, _RESIDUALS[spec.residual]], dtype=torch.int64)
 
 
 class BatchPass:
@@ -88,20 +137,25 @@ class BatchPass:
         self,
         config: ModelConfig,
         layers: Sequence[CLayer],
-        final_norm: Tensor,
-        lm_head: Panels,
+        head: CHead,
         key_pages: Sequence[Tensor],
         value_pages: Sequence[Tensor],
     ) -> None:
+        spec = BlockSpec.of(config)
+        refused = C_SUPPORT.refuses(spec)
+        if refused is not None:
+            raise ValueError(refused)
         for index, layer in enumerate(layers):
-            for name, matrix in zip(("qkv", "o_proj", "gate_up", "down"), layer.matrices(), strict=True):
+            for name, matrix in zip(("qkv", "o_proj", "up", "down"), layer.matrices(), strict=True):
                 check_panels(matrix, f"layers[{index}].{name}")
-        check_panels(lm_head, "lm_head")
-        matrices = [matrix for layer in layers for matrix in layer.matrices()] + [lm_head]
+            _check_layer(spec, layer, index)
+        check_panels(head.lm_head, "lm_head")
+        matrices = [matrix for layer in layers for matrix in layer.matrices()] + [head.lm_head]
         formats = [int(matrix.format) for matrix in matrices]
         self._formats = torch.tensor(formats, dtype=torch.int64)  # `batch_pass.c`'s order
-        floats = [tensor for layer in layers for tensor in (layer.attn_norm, layer.qkv_bias, layer.mlp_norm)]
-        floats += [final_norm, *key_pages, *value_pages]
+        self._block = block_features(spec)
+        floats = [tensor for layer in layers for tensor in layer.vectors()]
+        floats += [head.norm, head.norm_bias, head.lm_head_bias, *key_pages, *value_pages]
         for tensor in floats:
             if tensor is not None and (tensor.dtype != torch.float32 or not tensor.is_contiguous()):
                 raise ValueError("the step's norms, biases and pages must be contiguous float32 tensors")
@@ -111,11 +165,13 @@ class BatchPass:
             )
         self.config = config
         # The pointers below point into these: keep them alive.
-        self._tensors = (layers, final_norm, lm_head, key_pages, value_pages, self._formats)
+        self._tensors = (layers, head, key_pages, value_pages, self._formats, self._block)
         self._layers = _pointers([tensor for layer in layers for tensor in layer.pointers()])
         self._key_pages, self._value_pages = _pointers(key_pages), _pointers(value_pages)
-        self._final_norm, self._lm_head = final_norm.data_ptr(), _pointers(list(lm_head.tensors()))
-        self._head = lm_head
+        self._head = head
+        self._head_pointers = _pointers(
+            [head.norm, head.norm_bias, *head.lm_head.tensors(), head.lm_head_bias]
+        )
         self._n_layers = len(layers)
         self._num_blocks, self._block_size = key_pages[0].shape[1], key_pages[0].shape[2]
         tiles_fit = _tiles_fit()
@@ -179,9 +235,11 @@ class BatchPass:
             "value_pages": self._value_pages,
             "window_blocks": window_blocks.data_ptr(),
             "positions": positions.data_ptr(),
-            "final_norm": self._final_norm,
-            "lm_head": self._lm_head[0],
-            "lm_head_scales": self._lm_head[1],
+            "final_norm": self._head_pointers[0],
+            "final_norm_bias": self._head_pointers[1],
+            "lm_head": self._head_pointers[2],
+            "lm_head_scales": self._head_pointers[3],
+            "lm_head_bias": self._head_pointers[4],
             "logits": out.data_ptr(),
             "workspace": workspace.data_ptr(),
             "batch": batch,
@@ -200,6 +258,7 @@ class BatchPass:
             "run_ends": run_ends.data_ptr() if runs else None,
             "runs": len(runs),
             "formats": self._formats.data_ptr(),
+            "block": self._block.data_ptr(),
             "eps": config.norm_eps,
         }
         step(*ordered(_SOURCE, "batch_pass", arguments))
@@ -210,7 +269,27 @@ class BatchPass:
         pass's packed output layer: for a prompt chunk's last tokens, which the pass itself stops
         before (one row of SmolLM2: 6 ms here against 11 through `F.linear` on the layer's own
         weight)."""
-        return packed_linear(normed, self._head, None, self.config.vocab_size)
+        return packed_linear(normed, self._head.lm_head, self._head.lm_head_bias, self.config.vocab_size)
+
+
+def _check_layer(spec: BlockSpec, layer: CLayer, index: int) -> None:
+    """Refuse a layer whose tensors do not match its block: the kernel reads a NULL as "none"."""
+    expected = {
+        "attn_norm_bias": spec.norm_bias,
+        "qkv_bias": spec.qkv_bias,
+        "q_norm": spec.qk_norm,
+        "k_norm": spec.qk_norm,
+        "o_bias": spec.attn_out_bias,
+        "mlp_norm": spec.residual != "parallel",
+        "mlp_norm_bias": spec.norm_bias and spec.residual != "parallel",
+        "up_bias": spec.mlp_bias,
+        "down_bias": spec.mlp_bias,
+    }
+    for name, present in expected.items():
+        if (getattr(layer, name) is not None) != present:
+            raise ValueError(
+                f"layers[{index}].{name} is {'missing' if present else 'unexpected'} for this block"
+            )
 
 
 def check_runs(runs: Sequence[int], window_blocks: Tensor, positions: Tensor) -> Tensor:

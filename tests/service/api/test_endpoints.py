@@ -8,7 +8,7 @@ import math
 import httpx
 import pytest
 
-from service.model.decode_pass import FAST_SCHEMES
+from service.model.spec import TABLE_OR_BIAS_SCHEMES
 from tests.service.api.conftest import MAX_CONTEXT, NATIVE_CONTEXT, SCHEME_ORDER, model_name
 from tests.service.api.helpers import DONE, metric_value, sse_data
 
@@ -38,9 +38,9 @@ def test_models_lists_every_resident_model_in_load_order(client: httpx.Client) -
         "longrope",
     }
     assert rope["parameters"] > 0 and rope["device"] == "cpu" and rope["dtype"] == "float32"
-    # The default: the C step where it applies (float32, a scheme whose attention is a bias on
-    # the scores), else eager; nothing compiled.
-    expected = {card["name"]: "c" if card["scheme"] in FAST_SCHEMES else "eager" for card in models}
+    # The default: the C step where it applies (float32, a scheme whose positions are tables or a
+    # bias on the scores), else eager; nothing compiled.
+    expected = {card["name"]: "c" if card["scheme"] in TABLE_OR_BIAS_SCHEMES else "eager" for card in models}
     assert {card["name"]: card["backend"] for card in models} == expected
     assert {card["weights"] for card in models} == {"float"}
 

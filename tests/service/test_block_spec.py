@@ -1,0 +1,146 @@
+"""The block description (`service.model.spec`): every config field accounted for, backends as
+allow-lists, and the C pass running every block the config expresses as the eager model does."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+
+from service.model.backend import Backend
+from service.model.config import ModelConfig
+from service.model.fast_decode import FastDecoder
+from service.model.kernels import batch_pass
+from service.model.quantized import quantize_weights
+from service.model.spec import C_SUPPORT, NEUTRAL_FIELDS, TORCH_STEP_SUPPORT, BlockSpec, Support
+from service.model.transformer import Transformer
+from tests.conftest import TINY_CONFIG, tiny_transformer
+from tests.kernels import require_kernel, torch_threads
+from tests.service.test_fast_decode import LINEAR, NONE, TOLERANCE, WIDE_HEAD, decode_and_compare, pool_for
+
+# Blocks of the families beyond Llama's, on the schemes their families use.
+BLOCK_CASES: dict[str, dict[str, Any]] = {
+    "neox-parallel-two-norms": {
+        "norm": "layer",
+        "gated_mlp": False,
+        "activation": "gelu",
+        "qkv_bias": True,
+        "attn_out_bias": True,
+        "mlp_bias": True,
+        "residual": "parallel_two_norms",
+        "rotary_fraction": 0.5,
+    },
+    "gptj-parallel-interleaved": {
+        "norm": "layer",
+        "gated_mlp": False,
+        "activation": "gelu_tanh",
+        "mlp_bias": True,
+        "lm_head_bias": True,
+        "residual": "parallel",
+        "rope_layout": "gptj",
+        "rotary_fraction": 0.25,
+    },
+    "gpt2-learned": {
+        "pe": "learned",
+        "native_context": 128,
+        "norm": "layer",
+        "gated_mlp": False,
+        "activation": "gelu_tanh",
+        "qkv_bias": True,
+        "attn_out_bias": True,
+        "mlp_bias": True,
+    },
+    "bloom-alibi-embedding-norm": {
+        "pe": "alibi",
+        "norm": "layer",
+        "gated_mlp": False,
+        "activation": "gelu_tanh",
+        "qkv_bias": True,
+        "attn_out_bias": True,
+        "mlp_bias": True,
+        "embedding_norm": True,
+    },
+    "mpt-alibi-no-norm-bias": {
+        "pe": "alibi",
+        "norm": "layer",
+        "norm_bias": False,
+        "gated_mlp": False,
+        "activation": "gelu",
+    },
+    "qwen3-qk-norm": {"qk_norm": True},
+    "stablelm-layer-norm-gated": {"norm": "layer", "qkv_bias": True},
+}
+
+
+def test_every_config_field_is_read_by_the_block_or_neutral() -> None:
+    fields = {field.name for field in dataclasses.fields(ModelConfig)}
+    read, neutral = BlockSpec.config_fields(), set(NEUTRAL_FIELDS)
+    assert not read & neutral, f"both read and neutral: {sorted(read & neutral)}"
+    assert fields == read | neutral, (
+        f"neither read by BlockSpec.of nor neutral: {sorted(fields - read - neutral)}; "
+        f"not config fields: {sorted((read | neutral) - fields)}"
+    )
+
+
+def test_every_backend_declares_every_feature() -> None:
+    features = {field.name for field in dataclasses.fields(BlockSpec)}
+    for support in (C_SUPPORT, TORCH_STEP_SUPPORT):
+        assert set(support.allowed) == features, support.backend
+
+
+def test_a_feature_a_backend_does_not_declare_is_refused() -> None:
+    spec = BlockSpec.of(ModelConfig())
+    undeclared = Support(
+        "partial", {name: value for name, value in C_SUPPORT.allowed.items() if name != "qk_norm"}
+    )
+    reason = undeclared.refuses(spec)
+    assert reason is not None and "qk_norm" in reason
+    assert C_SUPPORT.refuses(spec) is None
+
+
+def test_the_torch_step_names_what_it_cannot_run() -> None:
+    spec = BlockSpec.of(ModelConfig.from_dict(TINY_CONFIG | BLOCK_CASES["neox-parallel-two-norms"]))
+    reason = TORCH_STEP_SUPPORT.refuses(spec)
+    assert reason is not None and "norm='layer'" in reason and "residual=" in reason
+    assert C_SUPPORT.refuses(spec) is None
+    assert C_SUPPORT.refuses(BlockSpec.of(ModelConfig(pe="shaw"))) is not None
+
+
+def perturbed(model: Transformer) -> Transformer:
+    """Every norm weight and bias moved off its initial one or zero, so a misread one shows."""
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                parameter.add_(0.2 * torch.randn(parameter.shape, generator=generator))
+    return model
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=["1-thread", "2-threads"])
+@pytest.mark.parametrize("overrides", list(BLOCK_CASES.values()), ids=list(BLOCK_CASES))
+def test_the_c_step_runs_every_block_as_the_eager_model(overrides: dict[str, Any], threads: int) -> None:
+    require_kernel(batch_pass.available, "batch step")
+    overrides = dict(overrides)
+    native = overrides.pop("native_context", 16)
+    model = perturbed(tiny_transformer(native_context=native, head_dim_override=WIDE_HEAD, **overrides))
+    decoder = FastDecoder(model, pool_for(model), Backend.C, max_window=128, inductor=False)
+    scalings = [NONE, LINEAR] if model.config.pe in ("rope", "learned") else [NONE]
+    with torch_threads(threads):
+        assert decode_and_compare(model, decoder, scalings) < TOLERANCE
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+@pytest.mark.parametrize("case", ["neox-parallel-two-norms", "gpt2-learned", "qwen3-qk-norm"])
+def test_the_c_step_runs_packed_blocks_as_the_eager_model(case: str, weights: str) -> None:
+    """Packed projections with their biases: the C pass reads the codes, the eager pass the
+    layers' own widened weights, over activations rounded alike."""
+    require_kernel(batch_pass.available, "batch step")
+    overrides = dict(BLOCK_CASES[case])
+    native = overrides.pop("native_context", 16)
+    widths = {"d_model": 64, "ffn_hidden": 128, "n_heads": 4, "n_kv_heads": 2}
+    model = perturbed(tiny_transformer(native_context=native, **widths, **overrides))
+    model = quantize_weights(model, weights)
+    decoder = FastDecoder(model, pool_for(model), Backend.C, max_window=128, inductor=False)
+    assert decode_and_compare(model, decoder, [NONE]) < TOLERANCE
