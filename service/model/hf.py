@@ -8,6 +8,7 @@ one of our RoPE models as a Llama directory, so `transformers` can run the very 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import replace
@@ -19,10 +20,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from pe_runtime import PECache
-from service.model.checkpoint import build_model
+from service.model.checkpoint import Naming, build_model
 from service.model.config import ModelConfig
 from service.model.hf_families import (
     FAMILIES,
+    KeyMap,
+    config_keys,
     family,
     rope_base,
     rope_params,
@@ -91,12 +94,22 @@ def build_hf_model(
     """Our model from a family's config and its tensors under their Hugging Face names.
 
     The head is tied exactly when the checkpoint has no separate head weight (some configs say
-    tied but ship both, identical; some say nothing)."""
-    config = hf_config_to_model_config(hf)
-    key_map = family(hf).keys(hf)
-    state = {ours: value for key, tensor in tensors.items() for ours, value in key_map(key, tensor)}
-    config = replace(config, tie_embeddings="lm_head.weight" not in state)
-    return build_model(config, state, device=device, dtype=dtype, pe_cache=pe_cache)
+    tied but ship both, identical; some say nothing). Weights of other shapes than the config's
+    are refused with their own names and the config keys that disagree."""
+    checkpoint = family(hf)
+    key_map = checkpoint.keys(hf)
+    state: dict[str, torch.Tensor] = {}
+    theirs: dict[str, str] = {}  # our name -> the checkpoint's, which a refusal names
+    for key, tensor in tensors.items():
+        for ours, value in _mapped(hf, key_map, key, tensor):
+            state[ours], theirs[ours] = value, key
+    config = replace(
+        hf_config_to_model_config(hf),
+        tie_embeddings="lm_head.weight" not in state,
+        **checkpoint.from_weights(hf, tensors),
+    )
+    naming = Naming(theirs.__getitem__, functools.partial(config_keys, hf))
+    return build_model(config, state, device=device, dtype=dtype, pe_cache=pe_cache, naming=naming)
 
 
 def packed_blocks_by_layer(
@@ -182,6 +195,22 @@ def _weight_files(directory: Path) -> list[Path]:
     if not files:
         raise UnsupportedCheckpointError(f"no *.safetensors weights in {directory}")
     return files
+
+
+def _mapped(
+    hf: Mapping[str, Any], key_map: KeyMap, key: str, tensor: torch.Tensor
+) -> list[tuple[str, torch.Tensor]]:
+    """`key_map`'s tensors for one of the checkpoint's, or a refusal naming the attention shape
+    keys when a fused projection does not split as they say (torch's error names neither)."""
+    try:
+        return list(key_map(key, tensor))
+    except RuntimeError as error:
+        fields = ("d_model", "n_heads", "n_kv_heads", "head_dim")
+        keys = dict.fromkeys(name for field in fields for name in config_keys(hf, field))
+        raise UnsupportedCheckpointError(
+            f"tensor {key!r} of shape {list(tensor.shape)} does not split as config key(s) "
+            f"{', '.join(map(repr, keys))} say: {error}"
+        ) from error
 
 
 def _their_key(key: str) -> str:

@@ -8,6 +8,7 @@ with the config key that asked for it, so a checkpoint is never served approxima
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -16,20 +17,30 @@ from typing import Any
 import torch
 from torch import Tensor
 
+logger = logging.getLogger(__name__)
+
 
 class UnsupportedCheckpointError(ValueError):
-    """The directory is a Hugging Face checkpoint this loader cannot run faithfully."""
+    """The checkpoint (Hugging Face, GGUF or ours) is one this loader cannot run faithfully."""
 
 
 Config = Mapping[str, Any]
 # (their key, their tensor) -> our (key, tensor) pairs; nothing for buffers we recompute.
 KeyMap = Callable[[str, Tensor], Iterator[tuple[str, Tensor]]]
+# A family's config and tensors (their names) -> our ModelConfig fields that the weights decide.
+WeightFields = Callable[[Config, Mapping[str, Tensor]], dict[str, Any]]
+
+
+def _config_alone(hf: Config, tensors: Mapping[str, Tensor]) -> dict[str, Any]:
+    """Most families' configs describe their weights: nothing is read from the tensors."""
+    return {}
 
 
 @dataclass(frozen=True)
 class Family:
     block: Callable[[Config], dict[str, Any]]  # our ModelConfig fields beyond the common shapes
     keys: Callable[[Config], KeyMap]
+    from_weights: WeightFields = _config_alone
 
 
 def refuse(key: str, value: Any, why: str) -> UnsupportedCheckpointError:
@@ -378,6 +389,26 @@ def _mpt_keys(hf: Config) -> KeyMap:
     return _with_fused(_renamer(renames, prefix="transformer."), {"qkv.weight": split})
 
 
+def _mpt_from_weights(hf: Config, tensors: Mapping[str, Tensor]) -> dict[str, Any]:
+    """The MLP width of the weights: transformers' MPT builds 4 x d_model whatever
+    `expansion_ratio` says (MosaicML's own code honours it), so a directory transformers saved can
+    hold a wider MLP than its config claims. We run what transformers runs; the disagreement is
+    logged, since the config is then wrong for any loader that does read it."""
+    up = next((tensor for key, tensor in tensors.items() if key.endswith(".ffn.up_proj.weight")), None)
+    if up is None:
+        return {}
+    width, claimed = int(up.shape[0]), shape(hf)["ffn_hidden"]
+    if width != claimed:
+        logger.warning(
+            "MPT config key 'expansion_ratio' = %r makes an MLP of %d, the weights hold %d "
+            "(transformers ignores the key); using the weights' width",
+            hf.get("expansion_ratio"),
+            claimed,
+            width,
+        )
+    return {"ffn_hidden": width}
+
+
 def _falcon_shape(hf: Config) -> tuple[int, int, bool]:
     """(query heads, key/value heads, grouped layout) as Falcon's attention reads its fused qkv."""
     heads = int(hf["num_attention_heads"])
@@ -462,25 +493,52 @@ def first(hf: Config, *keys: str, default: Any = None) -> Any:
     return default
 
 
+# Our shape fields (and `head_dim`) and the config keys that set them, in the order they are tried.
+SHAPE_KEYS: dict[str, tuple[str, ...]] = {
+    "vocab_size": ("vocab_size",),
+    "d_model": ("hidden_size", "n_embd", "d_model", "n_embed"),
+    "n_layers": ("num_hidden_layers", "n_layer", "n_layers"),
+    "n_heads": ("num_attention_heads", "n_head", "n_heads"),
+    "n_kv_heads": ("num_key_value_heads",),
+    "head_dim": ("head_dim",),
+    "ffn_hidden": ("intermediate_size", "n_inner", "ffn_hidden_size"),
+    "native_context": ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"),
+}
+# Keys that one family's own block reads into a shape field (Falcon's kv heads, MPT's MLP ratio).
+_FAMILY_SHAPE_KEYS = {
+    "n_kv_heads": ("num_kv_heads", "multi_query", "new_decoder_architecture"),
+    "ffn_hidden": ("expansion_ratio",),
+}
+# What a shape field follows when the config sets none of its keys.
+_DEFAULTS_FROM = {"n_kv_heads": ("n_heads",), "head_dim": ("d_model", "n_heads"), "ffn_hidden": ("d_model",)}
+
+
 def shape(hf: Config) -> dict[str, Any]:
     """The common shape fields, under whichever names the family uses."""
-    width = int(first(hf, "hidden_size", "n_embd", "d_model", "n_embed"))
-    heads = int(first(hf, "num_attention_heads", "n_head", "n_heads"))
-    ffn = first(hf, "intermediate_size", "n_inner", "ffn_hidden_size", default=0) or int(
-        float(hf.get("expansion_ratio", 4)) * width
-    )
+    width = int(first(hf, *SHAPE_KEYS["d_model"]))
+    heads = int(first(hf, *SHAPE_KEYS["n_heads"]))
+    ffn = first(hf, *SHAPE_KEYS["ffn_hidden"], default=0) or int(float(hf.get("expansion_ratio", 4)) * width)
     return {
-        "vocab_size": int(hf["vocab_size"]),
+        "vocab_size": int(first(hf, *SHAPE_KEYS["vocab_size"])),
         "d_model": width,
-        "n_layers": int(first(hf, "num_hidden_layers", "n_layer", "n_layers")),
+        "n_layers": int(first(hf, *SHAPE_KEYS["n_layers"])),
         "n_heads": heads,
-        "n_kv_heads": int(first(hf, "num_key_value_heads", default=heads)),
+        "n_kv_heads": int(first(hf, *SHAPE_KEYS["n_kv_heads"], default=heads)),
         "ffn_hidden": int(ffn),
-        "native_context": int(
-            first(hf, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", default=2048)
-        ),
+        "native_context": int(first(hf, *SHAPE_KEYS["native_context"], default=2048)),
         "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
     }
+
+
+def config_keys(hf: Config, field: str) -> tuple[str, ...]:
+    """The keys of this config that set our shape `field` (a `ModelConfig` field or `head_dim`),
+    so that a refusal names what to fix in the checkpoint's own `config.json`; for a field the
+    config leaves unset, the keys of the fields it defaults from (head_dim: width and heads)."""
+    candidates = SHAPE_KEYS.get(field, (field,)) + _FAMILY_SHAPE_KEYS.get(field, ())
+    named = tuple(key for key in candidates if hf.get(key) is not None)
+    if named or field not in _DEFAULTS_FROM:
+        return named or candidates[:1]
+    return tuple(key for source in _DEFAULTS_FROM[field] for key in config_keys(hf, source))
 
 
 FAMILIES: dict[str, Family] = {
@@ -494,7 +552,7 @@ FAMILIES: dict[str, Family] = {
     "gptj": Family(_gptj_block, _gptj_keys),
     "gpt_neox": Family(_neox_block, _neox_keys),
     "bloom": Family(_bloom_block, _bloom_keys),
-    "mpt": Family(_mpt_block, _mpt_keys),
+    "mpt": Family(_mpt_block, _mpt_keys, _mpt_from_weights),
     "falcon": Family(_falcon_block, _falcon_keys),
 }
 
