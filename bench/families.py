@@ -13,6 +13,7 @@ median of per-repeat ratios. Run:
 from __future__ import annotations
 
 import argparse
+import functools
 import platform
 import statistics
 import sys
@@ -92,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             backends = {info.name: info.backend for info in engine.models()}
             clients, new_tokens = args.clients, args.new_tokens
             runs = {
-                family: (lambda family=family: tokens_per_second(engine, family, clients, new_tokens))
+                family: functools.partial(tokens_per_second, engine, family, clients, new_tokens)
                 for family in FAMILIES
             }
             samples = interleaved_runs(args.repeats, runs)
