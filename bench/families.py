@@ -19,7 +19,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             backends = {info.name: info.backend for info in engine.models()}
             clients, new_tokens = args.clients, args.new_tokens
-            runs = {
+            runs: dict[str, Callable[[], float]] = {
                 family: functools.partial(tokens_per_second, engine, family, clients, new_tokens)
                 for family in FAMILIES
             }
