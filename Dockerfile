@@ -65,8 +65,10 @@ COPY --from=builder /app /app
 WORKDIR /app
 USER 10001:10001
 EXPOSE 8000 50051
-# Ready (200) only once the models are loaded and warm; 503 while loading or draining.
+# Ready (200) only once the models are loaded and warm; 503 while loading or draining. The probe
+# reads the server's PE_SERVE_* variables: HTTPS when PE_SERVE_TLS_CERT is set, a client
+# certificate (PE_SERVE_HEALTHCHECK_CERT/KEY) when PE_SERVE_TLS_CLIENT_CA is (service/healthcheck.py).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
-    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ.get('PE_SERVE_PORT', '8000')}/readyz\", timeout=4)"]
+    CMD ["python3", "-m", "service.healthcheck"]
 STOPSIGNAL SIGTERM
 CMD ["pe-serve"]

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# `make docker-smoke`: build the CPU image and run it for real, then the compose stack (CPU profile),
-# and check each with the Python SDK: /readyz turns 200 and /generate with a pe_scaling answers.
+# `make docker-smoke`: build the CPU image and run it for real, plain and over TLS, then the compose
+# stack (CPU profile), plain and with mutual TLS (deploy/compose-tls.yml, deploy/compose-mtls.yml),
+# and check each with the Python SDK (/readyz turns 200 and /generate with a pe_scaling answers) and
+# with the image's own HEALTHCHECK, which must follow the server onto HTTPS.
 #
 # Works on a fresh Debian machine without a container registry (needs root and network access to
 # Debian's archive and PyPI): installs podman, buildah, debootstrap, runc and docker-compose, makes
@@ -15,11 +17,15 @@ STATE_DIR=${PE_SMOKE_DIR:-/var/tmp/pe-serve-smoke}
 IMAGE=${PE_SMOKE_IMAGE:-pe-serve:cpu}
 RUN_PORT=${PE_SMOKE_RUN_PORT:-18000}
 COMPOSE_PORT=${PE_SMOKE_COMPOSE_PORT:-18001}
+TLS_PORT=${PE_SMOKE_TLS_PORT:-18002}
 TORCH_WHEEL=${PE_SMOKE_TORCH_WHEEL:-$(find /opt/wheels -maxdepth 1 -name 'torch-*+cpu-*.whl' 2>/dev/null | head -n 1)}
 READY_TIMEOUT_S=${PE_SMOKE_READY_TIMEOUT_S:-300}
 BASE_IMAGE=docker.io/library/python:3.11-slim
 CONTAINER=pe-serve-smoke
 TOOLS=$STATE_DIR/tools/bin
+TLS_DIR=$STATE_DIR/tls
+# Where the compose override and the TLS run below mount $TLS_DIR in the container.
+TLS_MOUNT=/etc/pe-serve/tls
 
 log() { printf '[docker-smoke %s] %s\n' "$(date +%T)" "$*"; }
 
@@ -101,7 +107,27 @@ lint() {
     docker-compose -f docker-compose.yml config -q
     for profile in gpu cpu prometheus; do
         docker-compose -f docker-compose.yml --profile "$profile" config -q
+        docker-compose -f docker-compose.yml -f deploy/compose-tls.yml -f deploy/compose-mtls.yml \
+            --profile "$profile" config -q
     done
+}
+
+make_certificates() {
+    # The tests' throwaway CA (tests/tls.py): a server certificate for 127.0.0.1 and localhost, and a
+    # client one, under the names deploy/compose-tls.yml and compose-mtls.yml expect. The container
+    # runs as uid 10001, which must be able to read them (test keys, made for this run).
+    log "certificates for the TLS runs in $TLS_DIR"
+    rm -rf "$TLS_DIR"
+    mkdir -p "$TLS_DIR"
+    "$TOOLS/python" -c 'import sys, pathlib, tests.tls; tests.tls.make_certificates(pathlib.Path(sys.argv[1]))' \
+        "$TLS_DIR"
+    cp "$TLS_DIR/server.pem" "$TLS_DIR/tls.crt"
+    cp "$TLS_DIR/server.key" "$TLS_DIR/tls.key"
+    cp "$TLS_DIR/ca.pem" "$TLS_DIR/ca.crt"
+    cp "$TLS_DIR/client.pem" "$TLS_DIR/probe.crt"
+    cp "$TLS_DIR/client.key" "$TLS_DIR/probe.key"
+    chmod 0755 "$TLS_DIR"
+    chmod 0644 "$TLS_DIR"/*
 }
 
 build_image() {
@@ -117,16 +143,23 @@ build_image() {
 }
 
 # The SDK is the client under test: wait until ready, then generate (plain and streamed) with a
-# scaling, and check the answer describes the scaling that was asked for.
+# scaling, and check the answer describes the scaling that was asked for. For an https:// URL it
+# trusts $TLS_DIR's CA, and presents the client certificate when a second argument says "mutual".
 sdk_check() {
-    "$TOOLS/python" - "$1" "$READY_TIMEOUT_S" <<'PY'
+    "$TOOLS/python" - "$1" "$READY_TIMEOUT_S" "$TLS_DIR" "${2:-}" <<'PY'
 import sys
 import time
+from pathlib import Path
 
 from pe_client import APIConnectionError, PEClient, YarnScaling
+from pe_client.tls import TLS
 
-url, timeout_s = sys.argv[1], float(sys.argv[2])
-with PEClient(url, max_retries=5) as client:
+url, timeout_s, tls_dir, mutual = sys.argv[1], float(sys.argv[2]), Path(sys.argv[3]), sys.argv[4] == "mutual"
+tls = None
+if url.startswith("https://"):
+    client_cert = (tls_dir / "client.pem", tls_dir / "client.key") if mutual else (None, None)
+    tls = TLS(ca_file=tls_dir / "ca.pem", cert_file=client_cert[0], key_file=client_cert[1])
+with PEClient(url, max_retries=5, tls=tls) as client:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -149,7 +182,7 @@ with PEClient(url, max_retries=5) as client:
     ) as stream:
         streamed = [event for event in stream]
     assert stream.text == result.text, (stream.text, result.text)
-    print(f"  {model.name} ({model.device}) yarn x4: {result.finish_reason}, "
+    print(f"  {url}: {model.name} ({model.device}) yarn x4: {result.finish_reason}, "
           f"{result.usage.completion_tokens} tokens, attention_factor {result.pe.attention_factor:.4f}, "
           f"{len(streamed)} stream events, text {result.text!r}")
 PY
@@ -165,7 +198,7 @@ run_image() {
     podman exec "$CONTAINER" python3 -c \
         "from service.model.kernels import batch_pass; assert batch_pass.available(), 'no C kernels'"
     log "the C decode kernels build and load in the image"
-    podman healthcheck run "$CONTAINER" >/dev/null 2> >(without_systemd_noise)
+    healthy "$CONTAINER"
     log "the image's HEALTHCHECK passes"
     local uid
     uid=$(podman exec "$CONTAINER" id -u)
@@ -174,8 +207,29 @@ run_image() {
     podman rm -f -t 40 "$CONTAINER" >/dev/null 2> >(without_systemd_noise)
 }
 
+# The image's HEALTHCHECK, run by hand (no systemd timers here): it passes once the server is ready.
+healthy() {
+    podman healthcheck run "$1" >/dev/null 2> >(without_systemd_noise) \
+        || { podman inspect "$1" --format '{{json .State.Health}}'; exit 1; }
+}
+
+run_image_tls() {
+    # TLS from the variables, as deploy/compose-tls.yml sets them: the HEALTHCHECK must probe HTTPS.
+    log "podman run $IMAGE over TLS on :$TLS_PORT"
+    podman run -d --name "$CONTAINER-tls" -p "127.0.0.1:$TLS_PORT:8000" -v "$TLS_DIR:$TLS_MOUNT:ro" \
+        -e PE_SERVE_TLS_CERT="$TLS_MOUNT/tls.crt" -e PE_SERVE_TLS_KEY="$TLS_MOUNT/tls.key" "$IMAGE" \
+        >/dev/null 2> >(without_systemd_noise)
+    sdk_check "https://127.0.0.1:$TLS_PORT"
+    healthy "$CONTAINER-tls"
+    log "the image's HEALTHCHECK passes over HTTPS"
+    podman rm -f -t 40 "$CONTAINER-tls" >/dev/null 2> >(without_systemd_noise)
+}
+
+# The compose stack, plain or with the overrides named after "--": `compose_files` the -f options.
+compose_files=(-f docker-compose.yml)
 compose() {
-    PE_SERVE_HOST_PORT=$COMPOSE_PORT "$TOOLS/podman-compose" -f docker-compose.yml --profile cpu "$@"
+    PE_SERVE_HOST_PORT=$COMPOSE_PORT PE_SERVE_TLS_DIR=$TLS_DIR \
+        "$TOOLS/podman-compose" "${compose_files[@]}" --profile cpu "$@"
 }
 
 run_compose() {
@@ -187,8 +241,21 @@ run_compose() {
     log "compose down (SIGTERM, drain, exit) in $((SECONDS - start)) s"
 }
 
+run_compose_mtls() {
+    compose_files=(-f docker-compose.yml -f deploy/compose-tls.yml -f deploy/compose-mtls.yml)
+    log "compose --profile cpu up with deploy/compose-tls.yml and compose-mtls.yml on :$COMPOSE_PORT"
+    compose up -d >"$STATE_DIR/compose.log" 2>&1 || { tail -n 40 "$STATE_DIR/compose.log"; exit 1; }
+    sdk_check "https://127.0.0.1:$COMPOSE_PORT" mutual
+    local container
+    container=$(podman ps --filter label=com.docker.compose.service=pe-serve-cpu --format '{{.Names}}')
+    healthy "$container"
+    log "the compose healthcheck passes over mutual TLS ($container)"
+    compose down >>"$STATE_DIR/compose.log" 2>&1
+    compose_files=(-f docker-compose.yml)
+}
+
 cleanup() {
-    podman rm -f -t 5 "$CONTAINER" >/dev/null 2>&1 || true
+    podman rm -f -t 5 "$CONTAINER" "$CONTAINER-tls" >/dev/null 2>&1 || true
     compose down >/dev/null 2>&1 || true
 }
 
@@ -200,10 +267,13 @@ main() {
     configure_podman
     trap cleanup EXIT
     lint
+    make_certificates
     make_base_image
     build_image
     run_image
+    run_image_tls
     run_compose
+    run_compose_mtls
     log "PASSED in $((SECONDS - start)) s"
 }
 

@@ -32,10 +32,12 @@ import yaml
 from pe_client import APIError, APIStreamError, AsyncPEClient
 from ray import serve
 from ray._private import ray_constants
+from ray.serve._private.http_util import validate_http_proxy_callback_return
+from ray.serve._private.utils import call_function_from_import_path
 from ray.serve.schema import ServeDeploySchema
 
 from deploy.ray.app import REPLICA_HEADER, ReplicaOptions, build_app, replica_settings
-from deploy.ray.proxy import CALLBACK_ENV, CALLBACK_PATH
+from deploy.ray.proxy import CALLBACK_ENV, CALLBACK_PATH, ReplicaLossGuard
 from deploy.ray.proxy import ERROR_TYPE as PROXY_ERROR_TYPE
 from service.model.config import SCHEMES
 from tests.deploy import netns
@@ -181,6 +183,26 @@ class RayApp:
     processes: NewProcesses
 
 
+def serve_config() -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load(SERVE_CONFIG.read_text())
+    return config
+
+
+def environment_of(pid: int) -> dict[str, str]:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    return dict(entry.split("=", 1) for entry in entries if "=" in entry)
+
+
+def proxy_pids(processes: NewProcesses) -> list[int]:
+    """Serve's HTTP proxy processes (Ray titles an actor's process `ray::<class>`)."""
+    pids = []
+    for pid in processes.pids():
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::ProxyActor"):
+                pids.append(pid)
+    return pids
+
+
 def replica_actors() -> dict[str, Any]:
     """Replica id -> actor handle of the app's live replicas."""
     actors = {}
@@ -223,8 +245,8 @@ def ray_app(tiny_checkpoints: dict[str, Path], pytestconfig: pytest.Config) -> I
         patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
         patch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-        # Serve's proxy answers a replica's death with a 502 to retry or a typed end of stream.
-        patch.setenv(CALLBACK_ENV, CALLBACK_PATH)
+        # The proxy callback must come from the config file, not from a variable of this shell.
+        patch.delenv(CALLBACK_ENV, raising=False)
         ray.init(
             address="local",
             num_cpus=REPLICAS,
@@ -235,7 +257,12 @@ def ray_app(tiny_checkpoints: dict[str, Path], pytestconfig: pytest.Config) -> I
         )
         try:
             port = free_port()
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            # The config file's controller options, which give Serve's proxies the callback that
+            # answers a replica's death with a 502 to retry or a typed end of stream.
+            serve.start(
+                http_options={"host": "127.0.0.1", "port": port},
+                controller_options=serve_config()["controller_options"],
+            )
             model_dirs = list(tiny_checkpoints.values())
             args = {
                 "num_replicas": REPLICAS,
@@ -323,6 +350,14 @@ def test_ray_listens_only_where_nothing_but_loopback_reaches(ray_app: RayApp) ->
     assert netns.interfaces() == {"lo"}
     listening = listening_addresses(ray_app.processes.pids())
     assert f"127.0.0.1:{ray_app.base_url.rsplit(':', 1)[1]}" in listening
+
+
+def test_the_proxy_gets_its_callback_from_the_config_file(ray_app: RayApp) -> None:
+    """Not from this process's environment: the config's controller options reach the proxy."""
+    assert CALLBACK_ENV not in os.environ
+    pids = proxy_pids(ray_app.processes)
+    assert pids, "no Serve proxy process found"
+    assert all(environment_of(pid).get(CALLBACK_ENV) == CALLBACK_PATH for pid in pids)
 
 
 def test_mixed_traffic_spreads_over_both_replicas_and_equals_a_single_server(
@@ -478,8 +513,16 @@ def test_a_misspelt_setting_fails_on_the_driver() -> None:
 
 
 def test_the_serve_config_file_is_valid_and_its_args_build() -> None:
-    config = yaml.safe_load(SERVE_CONFIG.read_text())
-    schema = ServeDeploySchema.model_validate(config)
+    schema = ServeDeploySchema.model_validate(serve_config())
     (application,) = schema.applications
     assert application.import_path == "deploy.ray.app:build_app"
     build_app(application.args)
+
+
+def test_the_serve_config_file_starts_the_proxies_with_the_replica_loss_callback() -> None:
+    """Set by default, where Serve's proxies inherit it (the controller's runtime_env), and loadable."""
+    schema = ServeDeploySchema.model_validate(serve_config())
+    assert schema.controller_options is not None and schema.controller_options.runtime_env is not None
+    assert schema.controller_options.runtime_env["env_vars"][CALLBACK_ENV] == CALLBACK_PATH
+    middlewares = validate_http_proxy_callback_return(call_function_from_import_path(CALLBACK_PATH))
+    assert [middleware.cls for middleware in middlewares] == [ReplicaLossGuard]
