@@ -39,11 +39,6 @@ _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-def _serialize(message: Any) -> bytes:
-    data: bytes = message.SerializeToString()
-    return data
-
-
 def tls_credentials(cert: Path, key: Path, client_ca: Path | None) -> grpc.ServerCredentials:
     """The port's TLS: our certificate chain and key; with `client_ca`, client certificates it signed."""
     return grpc.ssl_server_credentials(
@@ -54,7 +49,8 @@ def tls_credentials(cert: Path, key: Path, client_ca: Path | None) -> grpc.Serve
 
 
 def method_handlers(servicer: PEServeServicer) -> dict[str, grpc.RpcMethodHandler]:
-    """One handler per method of the proto's service; requests arrive as bytes (the servicer parses)."""
+    """One handler per method of the proto's service; requests arrive and answers leave as bytes (the
+    servicer parses, and answers what it may have kept serialized)."""
     behaviours: dict[str, Callable[..., Any]] = {
         "Generate": servicer.generate,
         "Score": servicer.score,
@@ -68,7 +64,7 @@ def method_handlers(servicer: PEServeServicer) -> dict[str, grpc.RpcMethodHandle
             if method.server_streaming
             else grpc.unary_unary_rpc_method_handler
         )
-        handlers[method.name] = make(behaviours[method.name], response_serializer=_serialize)
+        handlers[method.name] = make(behaviours[method.name])
     return handlers
 
 

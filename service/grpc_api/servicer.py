@@ -10,6 +10,12 @@ with HTTP) under its request id and the caller's key while it runs, so its owner
 owner, can `Abort` it, and the per-key limits count it; leaving a method early for any reason
 (client cancel, expired deadline, error) cancels the engine request, which frees its batch slot
 at the engine's next step.
+
+A request id the client chose (`request_id`, else `x-request-id` metadata, read as HTTP reads its
+`X-Request-ID` header) names one request of that caller: a `Generate` or `Score` sent again with
+the same id and body attaches to the run in progress, or gets its kept answer, through the request
+core's `RunOnce` (the same rules and bounds as HTTP). The same id with another body, or for the
+other method, is INVALID_ARGUMENT. Answers are kept serialized, so the handlers return bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -37,6 +44,7 @@ from service.requests.build import generate_job, score_job
 from service.requests.convert import token_text
 from service.requests.errors import ErrorKind, RequestError, as_request_error
 from service.requests.metrics import ServiceMetrics
+from service.requests.once import RunOnce, fingerprint_of
 from service.requests.prepare import prepare_input, prepare_scored
 from service.requests.running import REQUEST_ID_FIELD, FirstTokenTimer, RunningRequests
 from service.requests.state import ServiceState
@@ -62,6 +70,8 @@ class _Call:
     started: float
     caller: str = ANONYMOUS
     code: grpc.StatusCode = grpc.StatusCode.OK
+    # Under a client-chosen id, what its submissions share a run by (`RunOnce`); None: runs alone.
+    once_key: tuple[str, str] | None = None
 
     @property
     def endpoint(self) -> str:
@@ -82,70 +92,97 @@ class PEServeServicer:
         self._metrics = metrics
         self._api_keys = tuple(api_keys)
         self._running = running
+        self._once = RunOnce()
 
-    async def generate(
-        self, data: bytes, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    async def generate(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         async with self._rpc("Generate", context) as call:
             message = parse_request(pb.GenerateRequest, data)
-            fields = self._take_request_id(call, request_fields(message), prefix="gen")
+            fields = self._take_request_id(call, request_fields(message), context, prefix="gen")
             body = GenerateRequest.model_validate(fields)
-            engine = self._state.engine_for_request()
-            prepared = prepare_input(engine, body, new_tokens=body.max_new_tokens)
-            job = generate_job(call.request_id, body, prepared, stream=True)
-            first_token = FirstTokenTimer(self._metrics, call.started)
-            text = token_text(engine, job.model)
-            handle = self._running.open(call.caller, call.request_id, call.endpoint).submit(engine, job)
-            try:
+            start = partial(self._generation, call, body)
+            async with self._once.streamed(call.once_key, start, fingerprint_of("Generate", body)) as chunks:
                 # Accepted: headers go out now, so a client can tell a queued request from a refused one.
                 await context.send_initial_metadata(((REQUEST_ID_KEY, call.request_id),))
-                async for event in handle:
-                    first_token(event)
-                    if isinstance(event, TokenEvent):
-                        yield token_chunk(event, text)
-                    elif isinstance(event, GenerationResult):
-                        yield generate_end(call.request_id, job.model, event)
-            finally:
-                handle.cancel()
+                async for chunk in chunks:
+                    yield chunk
 
-    async def score(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ScoreResponse:
+    async def score(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         async with self._rpc("Score", context) as call:
             message = parse_request(pb.ScoreRequest, data)
-            fields = self._take_request_id(call, request_fields(message), prefix="score")
+            fields = self._take_request_id(call, request_fields(message), context, prefix="score")
             body = ScoreRequest.model_validate(fields)
-            engine = self._state.engine_for_request()
-            job = score_job(call.request_id, body, prepare_scored(engine, body))
-            handle = self._running.open(call.caller, call.request_id, call.endpoint).submit(engine, job)
-            try:
-                async for event in handle:
-                    if isinstance(event, ScoreResult):
-                        return score_message(call.request_id, job.model, event, token_text(engine, job.model))
-            finally:
-                handle.cancel()
-            raise RuntimeError(f"request {call.request_id} ended without a result")
+            start = partial(self._scoring, call, body)
+            with self._once.attached(call.once_key, start, fingerprint_of("Score", body)) as answer:
+                return await asyncio.shield(answer)
 
-    async def list_models(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
+    async def list_models(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         async with self._rpc("ListModels", context):
             parse_request(pb.ListModelsRequest, data)
-            return models_message(self._state.engine_for_request().models())
+            return models_message(self._state.engine_for_request().models()).SerializeToString()
 
-    async def abort(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
+    async def abort(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Stop one of the caller's own running requests; another key's answers NOT_FOUND."""
         async with self._rpc("Abort", context) as call:
             message = parse_request(pb.AbortRequest, data)
             self._running.abort(call.caller, message.request_id)
-            return pb.AbortResponse()
+            return pb.AbortResponse().SerializeToString()
+
+    def _generation(self, call: _Call, body: GenerateRequest) -> AsyncIterator[bytes]:
+        """Submit the generation (raising if it is refused); its messages, serialized, as they come."""
+        engine = self._state.engine_for_request()
+        prepared = prepare_input(engine, body, new_tokens=body.max_new_tokens)
+        job = generate_job(call.request_id, body, prepared, stream=True)
+        first_token = FirstTokenTimer(self._metrics, call.started)
+        text = token_text(engine, job.model)
+        handle = self._running.open(call.caller, call.request_id, call.endpoint).submit(engine, job)
+
+        async def messages() -> AsyncIterator[bytes]:
+            try:
+                async for event in handle:
+                    first_token(event)
+                    if isinstance(event, TokenEvent):
+                        yield token_chunk(event, text).SerializeToString()
+                    elif isinstance(event, GenerationResult):
+                        yield generate_end(call.request_id, job.model, event).SerializeToString()
+            finally:
+                handle.cancel()
+
+        return messages()
+
+    async def _scoring(self, call: _Call, body: ScoreRequest) -> bytes:
+        engine = self._state.engine_for_request()
+        job = score_job(call.request_id, body, prepare_scored(engine, body))
+        handle = self._running.open(call.caller, call.request_id, call.endpoint).submit(engine, job)
+        try:
+            async for event in handle:
+                if isinstance(event, ScoreResult):
+                    text = token_text(engine, job.model)
+                    return score_message(call.request_id, job.model, event, text).SerializeToString()
+        finally:
+            handle.cancel()
+        raise RuntimeError(f"request {call.request_id} ended without a result")
 
     def _rpc(self, method: str, context: grpc.aio.ServicerContext) -> _Rpc:
         return _Rpc(method, context, self._metrics, self._api_keys)
 
-    def _take_request_id(self, call: _Call, fields: dict[str, Any], *, prefix: str) -> dict[str, Any]:
-        """The request's own id (checked like HTTP's `X-Request-ID`) or a fresh one; returns the rest."""
+    def _take_request_id(
+        self, call: _Call, fields: dict[str, Any], context: grpc.aio.ServicerContext, *, prefix: str
+    ) -> dict[str, Any]:
+        """Name the call: the request's own id (checked like HTTP's `X-Request-ID`), else a sane
+        `x-request-id` metadata value (one that is not is ignored, as HTTP ignores such a header),
+        else a fresh one. Returns the other fields."""
         offered = fields.pop(REQUEST_ID_FIELD, None)
         if offered is not None and not CLIENT_REQUEST_ID.fullmatch(offered):
             message = "request_id: at most 128 letters, digits and '._:-'."
             raise RequestError(ErrorKind.INVALID, message, param=REQUEST_ID_FIELD)
-        call.request_id = offered or f"{prefix}-{uuid.uuid4().hex}"
+        if offered is None:
+            sent = str(dict(context.invocation_metadata() or ()).get(REQUEST_ID_KEY, ""))
+            offered = sent if CLIENT_REQUEST_ID.fullmatch(sent) else None
+        if offered is None:
+            call.request_id = f"{prefix}-{uuid.uuid4().hex}"
+        else:
+            call.request_id = offered
+            call.once_key = (call.caller, offered)
         request_id_var.set(call.request_id)
         return fields
 

@@ -104,12 +104,14 @@ def test_an_expired_deadline_frees_the_slot(grpc_channel: grpc.Channel, client: 
     )
 
 
-def test_a_request_id_in_use_is_refused(grpc_channel: grpc.Channel, client: httpx.Client) -> None:
+def test_a_running_request_id_with_another_body_is_refused(
+    grpc_channel: grpc.Channel, client: httpx.Client
+) -> None:
     running: Iterator[pb.GenerateResponse] = stream(grpc_channel, {**LONG, "request_id": "twice"}, timeout=60)
     next(running)
     with pytest.raises(grpc.RpcError) as caught:
         list(stream(grpc_channel, {**SHORT, "request_id": "twice"}, timeout=30))
-    assert_status(caught.value, grpc.StatusCode.ALREADY_EXISTS, "request_id")
+    assert_status(caught.value, grpc.StatusCode.INVALID_ARGUMENT, "request_id")
     running.cancel()  # type: ignore[attr-defined]
     wait_for(lambda: batch_size(client) == 0, "the slot to be freed")
 

@@ -3,6 +3,8 @@
 Arguments are checked and filled by the HTTP client's own request models (`build_body`), retries
 follow the same `RetryPolicy` (UNAVAILABLE and RESOURCE_EXHAUSTED are its 503 and 429, and the
 server's `retry-after` metadata is its `Retry-After` header), and errors are the same classes.
+A call's `request_id` is chosen once, in its message, and every retry resends that message: the
+server answers a retry of a request it already ran, or is running, from that one run.
 """
 
 from __future__ import annotations
