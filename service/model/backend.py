@@ -5,7 +5,8 @@ Four backends produce served logits:
 - `eager`: `Transformer.forward` over the block pool. Every model, scheme and window; the others
   hand it what they do not cover (prompt chunks off the C path, windows past their largest bucket,
   a row rerun alone after a failed pass).
-- `compiled`: `decode_pass.decode_one_token` under Inductor, one entry per window bucket.
+- `compiled`: `fast_decode.decode_one_token` (the model's own layers over the pool) under
+  Inductor, one entry per window bucket.
 - `cuda_graphs`: that compiled step captured as CUDA graphs, one per window and batch bucket.
 - `c`: the whole step, and prompt chunks, as one C call (`kernels/batch_pass.c`).
 

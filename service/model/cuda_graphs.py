@@ -28,9 +28,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from service.model.decode_pass import PassInputs
 from service.model.paged_cache import SCRATCH_BLOCK
-from service.model.positional import PassTables
+from service.model.positional import PassInputs, PassTables
 
 PassOnInputs = Callable[[PassInputs], Tensor]
 

@@ -3,14 +3,17 @@
 The compiled step has one entry per window bucket (a power of two of positions, from
 `MIN_WINDOW` to the decoder's `max_window`) and, within a bucket, one for a lone row and one for
 any larger batch (the batch size is a dynamic dimension; 1 is special-cased by the compiler
-anyway). Compiling them all is paid once at start-up (`warm_up`), and the compiled code is shared
-by every model of the same architecture and scheme. Everything else takes the eager path: a
-window past `max_window` (long contexts, where attention's memory reads dominate and the
-compiler gains little), and schemes whose attention is not a bias on the scores.
+anyway). Compiling them all is paid once per model at start-up (`warm_up`). The step is the
+model's own layers (`decode_one_token`, over `attention.PagedStep`), as gpt-fast compiles its
+model's forward: there is no second copy of the layer math to keep in step. Everything else
+takes the eager path: a window past `max_window` (long contexts, where attention's memory reads
+dominate and the compiler gains little), and schemes whose attention is not a bias on the scores
+(`spec.TORCH_STEP_SUPPORT`).
 
-Under the `c` backend (a CPU in float32, torch on one thread), every step, a lone row's too, runs
-instead in C, `service.model.kernels.batch_pass`, after the same `pass_prelude` (embedding,
-each row's tables, the scheme's bias): its attention reads each row's own keys, where the torch
+Under the `c` backend (a CPU in float32), every step, a lone row's too, runs instead in C,
+`service.model.kernels.batch_pass`, which interprets the block (`spec.BlockSpec`), after the
+same `pass_prelude` (embedding, each row's tables, the scheme's bias): its attention reads each
+row's own keys, where the torch
 attention reads every row's whole window bucket; its products read weights packed once for them,
 where the BLAS call repacks them every time; and one call replaces the compiled graph's guards,
 wrappers and per-op dispatches. Nothing is compiled then.
@@ -30,32 +33,22 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
 from pe_runtime import RopeScaling
+from service.model.attention import PagedStep
 from service.model.backend import Backend
 from service.model.cuda_graphs import GraphedPass
-from service.model.decode_pass import (
-    PassInputs,
-    PassWeights,
-    decode_one_token,
-    fused_bias,
-    norm_weight,
-    pack_weights,
-    pass_prelude,
-    pass_shape,
-    prelude_weights,
-)
 from service.model.kernels import batch_pass
 from service.model.kernels.huge_pages import HugePageArena
 from service.model.kernels.packed_linear import Panels, pack_int4, pack_int8, pack_weight
 from service.model.paged_cache import PagedKVCache, PagedRows
-from service.model.positional import PassTables
+from service.model.positional import PassInputs, PassTables, PositionalInputs, StepPositions, step_positions
 from service.model.quantized import Int4Linear, Int8Linear
-from service.model.spec import C_SUPPORT, BlockSpec
+from service.model.spec import C_SUPPORT, TORCH_STEP_SUPPORT, BlockSpec
 from service.model.transformer import Block, Transformer
 
 logger = logging.getLogger("service.model.fast_decode")
@@ -67,6 +60,35 @@ DEFAULT_MAX_BATCH = 64
 C_PREFILL_MAX_READS = 1 << 20
 
 StepFunction = Callable[..., Tensor]
+
+
+def decode_one_token(
+    model: Transformer, inputs: PassInputs, key_pages: list[Tensor], value_pages: list[Tensor]
+) -> Tensor:
+    """gpt-fast's `decode_one_token`: the model's own layers (`Transformer.run_blocks`) for one new
+    token per row, attending over the pool's blocks (`PagedStep`); logits float32 [B, V]. Writes
+    each row's new key and value into its block at its position. Nothing branches on data, and
+    shapes depend only on the batch size and the window (a power of two of blocks), so
+    `torch.compile` traces it once per window bucket and replays it for every step of that shape."""
+    hidden, step = pass_prelude(model, inputs, key_pages[0].shape[2])
+    rope = (step.rope[0][:, None, None], step.rope[1][:, None, None]) if step.rope is not None else None
+    positions = PositionalInputs(absolute=None, rope=rope, attn_mask=None, causal=False)  # rope [B, 1, 1, R]
+    cache = PagedStep(key_pages, value_pages, inputs.window_blocks, inputs.positions, step.bias)
+    hidden = model.run_blocks(hidden[:, None], positions, cache)[:, 0]  # [B, D]
+    logits: Tensor = model.lm_head(model.norm(hidden))
+    return logits.float()
+
+
+def pass_prelude(model: Transformer, inputs: PassInputs, block_size: int) -> tuple[Tensor, StepPositions]:
+    """The rows' embedded tokens [B, D] (absolute positions added) and positional inputs: the same
+    for the torch step and the C pass."""
+    window = inputs.window_blocks.shape[1] * block_size
+    t5 = model.positions.t5_table
+    step = step_positions(inputs, window, t5.weight if t5 is not None else None)
+    hidden = model.embed(inputs.tokens)
+    if step.absolute is not None:
+        hidden = hidden + step.absolute.to(hidden.dtype)
+    return hidden, step
 
 
 @functools.cache
@@ -128,11 +150,10 @@ class FastDecoder:
         self.backend = backend
         self.max_window = max_window
         self.max_batch = max_batch
-        self.shape = pass_shape(model, pool.block_size)
-        # The C step reads its own panels; the torch step the fused matrices. Both share the prelude.
+        # The C step reads its own panels; the torch step the model itself. Both share the prelude.
         self.c_pass = c_batch_pass(model, pool) if backend is Backend.C else None
-        self.weights: PassWeights | None = pack_weights(model) if self.c_pass is None else None
-        self.prelude = prelude_weights(model)
+        if self.c_pass is None and (refused := TORCH_STEP_SUPPORT.refuses(BlockSpec.of(model.config))):
+            raise ValueError(refused)
         self.compile_seconds = 0.0
         self._step = compiled_step() if inductor else decode_one_token
         self.graphs = (
@@ -326,11 +347,9 @@ class FastDecoder:
         [B, V], or with `logits=False` the final residual [B, D] before the model's last norm.
         `runs`: a prompt chunk's rows per sequence (`BatchPass`)."""
         assert self.c_pass is not None
-        hidden, rope, bias = pass_prelude(self.shape, self.prelude, inputs)
-        if self.model.embed_norm is not None:  # BLOOM's, on the embedded token
-            hidden = self.model.embed_norm(hidden)
+        hidden, step = pass_prelude(self.model, inputs, self.pool.block_size)
         blocks, positions = inputs.window_blocks, inputs.positions
-        return self.c_pass(hidden, rope, bias, blocks, positions, logits=logits, runs=runs)
+        return self.c_pass(hidden, step.rope, step.bias, blocks, positions, logits=logits, runs=runs)
 
     def _torch_step(self, inputs: PassInputs) -> Tensor:
         """The torch step, compiled or not. Batch size and table count vary without recompiling
@@ -342,8 +361,7 @@ class FastDecoder:
         for stack in (inputs.rope_cos, inputs.rope_sin, inputs.absolute):
             if stack is not None:
                 torch._dynamo.mark_dynamic(stack, 0)
-        assert self.weights is not None  # every backend but C
-        logits: Tensor = self._step(self.shape, self.weights, inputs, self.pool.keys, self.pool.values)
+        logits: Tensor = self._step(self.model, inputs, self.pool.keys, self.pool.values)
         return logits
 
     def _step_tables(
@@ -417,6 +435,20 @@ def c_batch_pass(model: Transformer, pool: PagedKVCache) -> batch_pass.BatchPass
         lm_head_bias=_bias(model.lm_head),
     )
     return batch_pass.BatchPass(model.config, layers, head, pool.keys, pool.values)
+
+
+def norm_weight(norm: torch.nn.Module) -> Tensor:
+    weight = norm.weight
+    assert isinstance(weight, Tensor)
+    return weight
+
+
+def fused_bias(projections: Sequence[torch.nn.Module]) -> Tensor | None:
+    """The biases of projections whose outputs are stacked into one product (q, k, v): all or none."""
+    biases = [projection.bias for projection in projections]
+    if not all(isinstance(bias, Tensor) for bias in biases):
+        return None
+    return torch.cat(cast(list[Tensor], biases))
 
 
 def norm_bias(norm: torch.nn.Module) -> Tensor | None:

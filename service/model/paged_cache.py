@@ -24,7 +24,7 @@ step) land there, and nothing reads it as a real entry: every read is masked by 
 
 `PagedRows` gives a group of rows the cache interface `Transformer.forward` uses (`reserve`,
 `write`, `advance`, `lengths`), so the eager path reads windows gathered from the blocks, while
-the decode pass (`service.model.decode_pass`) indexes the blocks itself.
+the fast passes (`attention.PagedStep`, the C pass) index the blocks themselves.
 """
 
 from __future__ import annotations

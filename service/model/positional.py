@@ -81,7 +81,7 @@ class PositionalInputs:
 
 
 class PassTables(NamedTuple):
-    """Positional tables for a fixed-shape decode pass (`service.model.decode_pass.PassInputs`).
+    """Positional tables for a fixed-shape pass (`PassInputs`).
 
     The tables every row reads are stacked once, `table_index` saying which one each row uses;
     they stay valid until a row joins, leaves or changes table, so a step only indexes them.
@@ -93,6 +93,67 @@ class PassTables(NamedTuple):
     absolute: Tensor | None  # [U, W, d_model]
     alibi_slopes: Tensor | None  # [H]
     t5_buckets: Tensor | None  # [2 W - 1]
+
+
+class PassInputs(NamedTuple):
+    """Per-row inputs of one fixed-shape pass (a decode step, or a prompt chunk's tokens as rows);
+    B rows, a window of `window_blocks.shape[1]` blocks."""
+
+    tokens: Tensor  # [B] the token each row feeds in
+    positions: Tensor  # [B] its position (the row's cached length)
+    window_blocks: Tensor  # [B, nb] the blocks of each row's window, padded with the scratch block
+    table_index: Tensor | None  # [B] which table of the stacks below each row reads
+    rope_cos: Tensor | None  # [U, W, rotary_dim]
+    rope_sin: Tensor | None
+    absolute: Tensor | None  # [U, W, D] learned or sinusoidal embeddings
+    alibi_slopes: Tensor | None  # [H] float32
+    t5_buckets: Tensor | None  # [2 W - 1], the bucket of key k for query q at k - q + W - 1
+
+
+class StepPositions(NamedTuple):
+    """What a fixed-shape pass's rows take from their positions (`step_positions`)."""
+
+    absolute: Tensor | None  # [B, D], added to the embedded tokens
+    rope: tuple[Tensor, Tensor] | None  # cos, sin [B, rotary_dim] at each row's position
+    bias: Tensor | None  # [B, H, W] float32 on the attention scores over the window
+
+
+def step_positions(inputs: PassInputs, window: int, t5_table: Tensor | None) -> StepPositions:
+    """Each row's positional inputs, indexed from the stacks `PositionalEncoding.pass_tables`
+    built: pure tensor work, so a compiled step traces it."""
+    positions, index = inputs.positions, inputs.table_index
+    absolute = rope = None
+    if inputs.absolute is not None and index is not None:
+        absolute = inputs.absolute[index, positions]
+    if inputs.rope_cos is not None and inputs.rope_sin is not None and index is not None:
+        rope = inputs.rope_cos[index, positions], inputs.rope_sin[index, positions]
+    t5 = (inputs.t5_buckets, t5_table) if inputs.t5_buckets is not None and t5_table is not None else None
+    keys = torch.arange(window, device=positions.device)
+    bias = score_bias(positions[:, None], keys, inputs.alibi_slopes, t5, window)
+    return StepPositions(absolute, rope, bias[:, :, 0] if bias is not None else None)
+
+
+def score_bias(
+    query_positions: Tensor,
+    key_positions: Tensor,
+    alibi_slopes: Tensor | None,
+    t5: tuple[Tensor, Tensor] | None,
+    span: int,
+) -> Tensor | None:
+    """The scheme's bias on the scores, float32 [R, H, Tq, Tk], for queries at `query_positions`
+    [R, Tq] and keys at `key_positions` [Tk]: ALiBi's slope * (k - q) (`pe_runtime.alibi_bias`),
+    or T5's learned value for the bucket of k - q, `t5` being (buckets [2 span - 1] indexed by
+    k - q + span - 1, the learned table [num_buckets, H]). None for schemes without one. The only
+    place either bias is written, for every pass."""
+    rows, length = query_positions.shape
+    if alibi_slopes is not None:
+        bias = alibi_bias(alibi_slopes, query_positions.flatten(), key_positions)  # [H, R * Tq, Tk]
+        return bias.view(-1, rows, length, key_positions.shape[0]).transpose(0, 1)
+    if t5 is not None:
+        buckets, table = t5
+        offsets = key_positions[None, None, :] - query_positions[:, :, None] + span - 1  # [R, Tq, Tk]
+        return table[buckets[offsets]].permute(0, 3, 1, 2).float()
+    return None
 
 
 @dataclass(frozen=True)
@@ -228,17 +289,7 @@ class PositionalEncoding(nn.Module):
         elif pe in ("learned", "sinusoidal"):
             index, absolute = self._step_absolute(scalings, table_lengths, window, device, dtype)
         slopes = self.alibi_slopes(device) if pe in ("alibi", "rope_alibi") else None
-        buckets = (
-            self.pe_cache.t5_buckets(
-                window,
-                bidirectional=False,
-                num_buckets=self.config.t5_num_buckets,
-                max_distance=self.config.t5_max_distance,
-                device=device,
-            )
-            if pe == "t5_bias"
-            else None
-        )
+        buckets = self._t5_buckets(window, device) if pe == "t5_bias" else None
         return PassTables(index, cos, sin, absolute, slopes, buckets)
 
     def _step_rope(
@@ -352,26 +403,25 @@ class PositionalEncoding(nn.Module):
 
     def _attention_bias(self, query_positions: Tensor, key_length: int, dtype: torch.dtype) -> Tensor | None:
         """ALiBi or T5 additive bias [R, n_heads, Tq, Tk]; None for the other schemes."""
-        key_positions = torch.arange(key_length, device=query_positions.device)
-        if self.config.pe in ("alibi", "rope_alibi"):
-            slopes = self.alibi_slopes(query_positions.device)
-            rows, length = query_positions.shape
-            bias = alibi_bias(slopes, query_positions.flatten(), key_positions)  # [H, R * Tq, Tk]
-            return bias.view(-1, rows, length, key_length).transpose(0, 1).to(dtype)
-        if self.t5_table is not None:
-            buckets = self.pe_cache.t5_buckets(
-                key_length,
-                bidirectional=False,
-                num_buckets=self.config.t5_num_buckets,
-                max_distance=self.config.t5_max_distance,
-                device=query_positions.device,
-            )  # [2 * Tk - 1], indexed by k - q + Tk - 1
-            offsets = (
-                key_positions[None, None, :] - query_positions[:, :, None] + key_length - 1
-            )  # [R, Tq, Tk]
-            per_head: Tensor = self.t5_table(buckets[offsets])  # [R, Tq, Tk, n_heads]
-            return per_head.permute(0, 3, 1, 2).to(dtype)
-        return None
+        device = query_positions.device
+        slopes = self.alibi_slopes(device) if self.config.pe in ("alibi", "rope_alibi") else None
+        t5 = (
+            (self._t5_buckets(key_length, device), self.t5_table.weight)
+            if self.t5_table is not None
+            else None
+        )
+        bias = score_bias(query_positions, torch.arange(key_length, device=device), slopes, t5, key_length)
+        return bias.to(dtype) if bias is not None else None
+
+    def _t5_buckets(self, span: int, device: torch.device) -> Tensor:
+        """T5's bucket of every distance k - q within `span`, [2 span - 1] (`pe_runtime`)."""
+        return self.pe_cache.t5_buckets(
+            span,
+            bidirectional=False,
+            num_buckets=self.config.t5_num_buckets,
+            max_distance=self.config.t5_max_distance,
+            device=device,
+        )
 
     def _absolute(self, rows: list[_Row], query_positions: Tensor, dtype: torch.dtype) -> Tensor | None:
         """Learned or sinusoidal embeddings [R, Tq, d_model] at each row's (possibly stretched) positions."""

@@ -120,43 +120,26 @@ TABLE_OR_BIAS_SCHEMES: frozenset[Scheme] = frozenset(
     {"rope", "rope_alibi", "nope", "alibi", "t5_bias", "learned", "sinusoidal"}
 )
 
+# Every feature of the block, for backends that run all of it; each backend narrows what it must.
+_EVERY_BLOCK: Mapping[str, frozenset[Any] | None] = {
+    "pe": TABLE_OR_BIAS_SCHEMES,
+    "rope_layout": ANY,
+    "norm": ANY,
+    "norm_bias": ANY,
+    "activation": ANY,
+    "gated_mlp": ANY,
+    "residual": ANY,
+    "qkv_bias": ANY,
+    "attn_out_bias": ANY,
+    "mlp_bias": ANY,
+    "lm_head_bias": ANY,
+    "qk_norm": ANY,
+    "embedding_norm": ANY,
+}
+
 # The C pass interprets the block (kernels/batch_pass.c): every norm, activation, residual shape,
 # bias and q/k norm the config expresses.
-C_SUPPORT = Support(
-    "c",
-    {
-        "pe": TABLE_OR_BIAS_SCHEMES,
-        "rope_layout": ANY,
-        "norm": ANY,
-        "norm_bias": ANY,
-        "activation": ANY,
-        "gated_mlp": ANY,
-        "residual": ANY,
-        "qkv_bias": ANY,
-        "attn_out_bias": ANY,
-        "mlp_bias": ANY,
-        "lm_head_bias": ANY,
-        "qk_norm": ANY,
-        "embedding_norm": ANY,
-    },
-)
+C_SUPPORT = Support("c", _EVERY_BLOCK)
 
-# The torch decode step (decode_pass.py, compiled and CUDA graphs) runs Llama's block only.
-TORCH_STEP_SUPPORT = Support(
-    "torch step",
-    {
-        "pe": TABLE_OR_BIAS_SCHEMES,
-        "rope_layout": ANY,
-        "norm": frozenset({"rms"}),
-        "norm_bias": frozenset({False}),
-        "activation": frozenset({"silu"}),
-        "gated_mlp": frozenset({True}),
-        "residual": frozenset({"sequential"}),
-        "qkv_bias": ANY,
-        "attn_out_bias": frozenset({False}),
-        "mlp_bias": frozenset({False}),
-        "lm_head_bias": frozenset({False}),
-        "qk_norm": frozenset({False}),
-        "embedding_norm": frozenset({False}),
-    },
-)
+# The torch step (compiled, CUDA graphs) runs the model's own layers over the pool's blocks.
+TORCH_STEP_SUPPORT = Support("torch step", _EVERY_BLOCK)

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from pe_runtime import PECache, RopeScaling
 from pe_runtime.rope import apply_rope
+from service.model.attention import PagedStep, attend
 from service.model.config import ModelConfig
 from service.model.kv_cache import KVCache, RowCache
 from service.model.positional import PositionalEncoding, PositionalInputs
@@ -95,7 +96,7 @@ class Attention(nn.Module):
         self.relative = relative_attention_layer(config)  # explicit attention for Shaw, XL, CoPE
 
     def forward(
-        self, x: Tensor, positions: PositionalInputs, cache: RowCache | None, layer_index: int
+        self, x: Tensor, positions: PositionalInputs, cache: RowCache | PagedStep | None, layer_index: int
     ) -> Tensor:
         batch, length, _ = x.shape
         queries = self._heads(self.q_proj(x), self.config.n_heads)  # [B, H, Tq, hd]
@@ -106,19 +107,9 @@ class Attention(nn.Module):
         if positions.rope is not None:
             queries = apply_rope(queries, *positions.rope, layout=self.config.rope_layout)
             keys = apply_rope(keys, *positions.rope, layout=self.config.rope_layout)
-        if cache is not None:
-            keys, values = cache.write(layer_index, keys, values)  # windows [B, Hkv, Tk, hd]
-        if self.relative is not None:
-            attended = self.relative(queries, keys, values, positions.relative)  # [B, H, Tq, hd]
-        else:
-            attended = F.scaled_dot_product_attention(
-                queries,
-                keys,
-                values,
-                attn_mask=positions.attn_mask,
-                is_causal=positions.causal,
-                enable_gqa=self.config.n_kv_heads != self.config.n_heads,
-            )  # [B, H, Tq, hd]
+        attended = attend(
+            cache, layer_index, queries, keys, values, positions, self.relative
+        )  # [B, H, Tq, hd]
         output: Tensor = self.o_proj(attended.transpose(1, 2).reshape(batch, length, -1))
         return output
 
@@ -160,7 +151,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: Tensor, positions: PositionalInputs, cache: RowCache | None, layer_index: int
+        self, x: Tensor, positions: PositionalInputs, cache: RowCache | PagedStep | None, layer_index: int
     ) -> Tensor:
         normed = self.attn_norm(x)
         attended = self.attn(normed, positions, cache, layer_index)
@@ -323,9 +314,7 @@ class Transformer(nn.Module):
 
         A generator that pauses between layers (see `forward_stages`)."""
         batch, length = tokens.shape
-        hidden: Tensor = self.embed_tokens(tokens) * self.config.embedding_scale  # [B, T, D]
-        if self.embed_norm is not None:
-            hidden = self.embed_norm(hidden)
+        hidden = self.embed(tokens)  # [B, T, D]
         past_lengths = cache.lengths if cache is not None else [0] * batch
         if position_ids is not None:
             if cache is not None:
@@ -350,6 +339,20 @@ class Transformer(nn.Module):
                 yield
             hidden = layer(hidden, positions, cache, index)
         return hidden  # [B, T, D]
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """Token ids [...] -> their embeddings [..., D], scaled and normed, before absolute positions."""
+        hidden: Tensor = self.embed_tokens(tokens) * self.config.embedding_scale
+        return self.embed_norm(hidden) if self.embed_norm is not None else hidden
+
+    def run_blocks(
+        self, hidden: Tensor, positions: PositionalInputs, cache: RowCache | PagedStep | None
+    ) -> Tensor:
+        """Every layer at once over embedded rows [B, T, D] (absolute positions added): the
+        layers' output before the final norm. What the torch decode step runs, compiled."""
+        for index, layer in enumerate(self.layers):
+            hidden = layer(hidden, positions, cache, index)
+        return hidden
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         """An empty cache on this model's device and dtype."""

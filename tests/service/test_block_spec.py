@@ -100,12 +100,12 @@ def test_a_feature_a_backend_does_not_declare_is_refused() -> None:
     assert C_SUPPORT.refuses(spec) is None
 
 
-def test_the_torch_step_names_what_it_cannot_run() -> None:
-    spec = BlockSpec.of(ModelConfig.from_dict(TINY_CONFIG | BLOCK_CASES["neox-parallel-two-norms"]))
-    reason = TORCH_STEP_SUPPORT.refuses(spec)
-    assert reason is not None and "norm='layer'" in reason and "residual=" in reason
-    assert C_SUPPORT.refuses(spec) is None
-    assert C_SUPPORT.refuses(BlockSpec.of(ModelConfig(pe="shaw"))) is not None
+@pytest.mark.parametrize("support", [C_SUPPORT, TORCH_STEP_SUPPORT], ids=lambda support: support.backend)
+def test_the_fast_backends_run_every_block_but_name_the_relative_schemes(support: Support) -> None:
+    for overrides in BLOCK_CASES.values():
+        assert support.refuses(BlockSpec.of(ModelConfig.from_dict(TINY_CONFIG | overrides))) is None
+    reason = support.refuses(BlockSpec.of(ModelConfig(pe="shaw")))
+    assert reason is not None and "pe='shaw'" in reason
 
 
 def perturbed(model: Transformer) -> Transformer:
@@ -118,14 +118,18 @@ def perturbed(model: Transformer) -> Transformer:
     return model
 
 
-@pytest.mark.parametrize("threads", [1, 2], ids=["1-thread", "2-threads"])
+@pytest.mark.parametrize("path", ["torch", "c", "c-2-threads"])
 @pytest.mark.parametrize("overrides", list(BLOCK_CASES.values()), ids=list(BLOCK_CASES))
-def test_the_c_step_runs_every_block_as_the_eager_model(overrides: dict[str, Any], threads: int) -> None:
-    require_kernel(batch_pass.available, "batch step")
+def test_the_fast_steps_run_every_block_as_the_eager_model(overrides: dict[str, Any], path: str) -> None:
+    """The torch step (the model's own layers over the pool) and the C pass, on one and two threads."""
+    if path.startswith("c"):
+        require_kernel(batch_pass.available, "batch step")
     overrides = dict(overrides)
     native = overrides.pop("native_context", 16)
     model = perturbed(tiny_transformer(native_context=native, head_dim_override=WIDE_HEAD, **overrides))
-    decoder = FastDecoder(model, pool_for(model), Backend.C, max_window=128, inductor=False)
+    backend = Backend.COMPILED if path == "torch" else Backend.C
+    decoder = FastDecoder(model, pool_for(model), backend, max_window=128, inductor=False)
+    threads = 2 if path == "c-2-threads" else 1
     scalings = [NONE, LINEAR] if model.config.pe in ("rope", "learned") else [NONE]
     with torch_threads(threads):
         assert decode_and_compare(model, decoder, scalings) < TOLERANCE
