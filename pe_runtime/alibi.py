@@ -44,7 +44,10 @@ def alibi_bias(slopes: torch.Tensor, q_positions: torch.Tensor, k_positions: tor
 
     Positions are absolute, so a decode step passes its one query position against the cached keys.
     Keys after the query get a positive value here: masking them is the causal mask's job.
+    Leading batch dimensions broadcast: positions [..., len_q] and [..., len_k] give
+    [num_heads, ..., len_q, len_k] (rows whose cached keys sit at positions of their own).
     """
-    # distance: [len_q, len_k]
-    distance = k_positions.to(torch.float32)[None, :] - q_positions.to(torch.float32)[:, None]
-    return slopes.to(device=distance.device, dtype=torch.float32)[:, None, None] * distance
+    # distance: [..., len_q, len_k]
+    distance = k_positions.to(torch.float32)[..., None, :] - q_positions.to(torch.float32)[..., :, None]
+    slopes = slopes.to(device=distance.device, dtype=torch.float32)
+    return slopes.view(-1, *([1] * distance.dim())) * distance

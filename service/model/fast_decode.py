@@ -63,14 +63,18 @@ StepFunction = Callable[..., Tensor]
 
 
 def decode_one_token(
-    model: Transformer, inputs: PassInputs, key_pages: list[Tensor], value_pages: list[Tensor]
+    model: Transformer,
+    inputs: PassInputs,
+    key_pages: list[Tensor],
+    value_pages: list[Tensor],
+    slot_positions: Tensor,
 ) -> Tensor:
     """gpt-fast's `decode_one_token`: the model's own layers (`Transformer.run_blocks`) for one new
     token per row, attending over the pool's blocks (`PagedStep`); logits float32 [B, V]. Writes
     each row's new key and value into its block at its position. Nothing branches on data, and
     shapes depend only on the batch size and the window (a power of two of blocks), so
     `torch.compile` traces it once per window bucket and replays it for every step of that shape."""
-    hidden, step = pass_prelude(model, inputs, key_pages[0].shape[2])
+    hidden, step = pass_prelude(model, inputs, slot_positions)
     rope = (step.rope[0][:, None, None], step.rope[1][:, None, None]) if step.rope is not None else None
     positions = PositionalInputs(absolute=None, rope=rope, attn_mask=None, causal=False)  # rope [B, 1, 1, R]
     cache = PagedStep(key_pages, value_pages, inputs.window_blocks, inputs.positions, step.bias)
@@ -79,12 +83,13 @@ def decode_one_token(
     return logits.float()
 
 
-def pass_prelude(model: Transformer, inputs: PassInputs, block_size: int) -> tuple[Tensor, StepPositions]:
-    """The rows' embedded tokens [B, D] (absolute positions added) and positional inputs: the same
-    for the torch step and the C pass."""
-    window = inputs.window_blocks.shape[1] * block_size
+def pass_prelude(
+    model: Transformer, inputs: PassInputs, slot_positions: Tensor
+) -> tuple[Tensor, StepPositions]:
+    """The rows' embedded tokens [B, D] (absolute positions added) and positional inputs, read at
+    the positions the pool records (`slot_positions`): the same for the torch step and the C pass."""
     t5 = model.positions.t5_table
-    step = step_positions(inputs, window, t5.weight if t5 is not None else None)
+    step = step_positions(inputs, slot_positions, t5.weight if t5 is not None else None)
     hidden = model.embed(inputs.tokens)
     if step.absolute is not None:
         hidden = hidden + step.absolute.to(hidden.dtype)
@@ -164,6 +169,7 @@ class FastDecoder:
         self._tables: tuple[Hashable, PassTables] | None = None
         for pages in pool.keys + pool.values:
             torch._dynamo.mark_dynamic(pages, 1)  # pools of any size share the compiled entries
+        torch._dynamo.mark_dynamic(pool.key_positions, 0)
 
     def window_for(self, lengths: Sequence[int]) -> int:
         """The bucket whose window holds every row's keys after this step."""
@@ -226,6 +232,7 @@ class FastDecoder:
         window = self.window_for(lengths)
         blocks = rows.window_blocks(window // self.pool.block_size)
         keys = self._table_keys(scalings, table_lengths)
+        rows.place(1)
         logits = self._run(blocks, tokens, lengths, scalings, table_lengths, keys, window)
         rows.advance(torch.tensor(list(tokens))[:, None], keys)
         return logits
@@ -301,6 +308,7 @@ class FastDecoder:
         )
         last = torch.tensor(list(itertools.accumulate(counts)), device=device) - 1
         assert self.c_pass is not None  # `prefills` said so
+        rows.place(max(counts))
         with torch.inference_mode():
             # [T, D], the residual after every layer
             hidden = self._run_in_c(inputs, logits=False, runs=counts)
@@ -347,7 +355,7 @@ class FastDecoder:
         [B, V], or with `logits=False` the final residual [B, D] before the model's last norm.
         `runs`: a prompt chunk's rows per sequence (`BatchPass`)."""
         assert self.c_pass is not None
-        hidden, step = pass_prelude(self.model, inputs, self.pool.block_size)
+        hidden, step = pass_prelude(self.model, inputs, self.pool.key_positions)
         blocks, positions = inputs.window_blocks, inputs.positions
         return self.c_pass(hidden, step.rope, step.bias, blocks, positions, logits=logits, runs=runs)
 
@@ -361,7 +369,9 @@ class FastDecoder:
         for stack in (inputs.rope_cos, inputs.rope_sin, inputs.absolute):
             if stack is not None:
                 torch._dynamo.mark_dynamic(stack, 0)
-        logits: Tensor = self._step(self.model, inputs, self.pool.keys, self.pool.values)
+        logits: Tensor = self._step(
+            self.model, inputs, self.pool.keys, self.pool.values, self.pool.key_positions
+        )
         return logits
 
     def _step_tables(

@@ -42,6 +42,8 @@ class RowCache(Protocol):
 
     def reserve(self, new_tokens: int) -> None: ...
 
+    def key_positions(self) -> Tensor: ...
+
     def write(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]: ...
 
     def advance(
@@ -72,6 +74,7 @@ class KVCache:
         # The write positions of the pass in progress, computed once for all layers (None: rows of
         # equal length, written with one slice).
         self._pass_slots: tuple[Tensor, Tensor] | None = None
+        self._window = 0  # the pass's key window, max(lengths) + T
 
     @classmethod
     def empty(
@@ -105,9 +108,15 @@ class KVCache:
         """
         uniform = len(set(self.lengths)) == 1
         self._pass_slots = None if uniform else self._slots(new_tokens, self.tokens.device)
-        needed = max(self.lengths) + new_tokens
+        needed = self._window = max(self.lengths) + new_tokens
         if needed > self.capacity:
             self._grow(max(needed, 2 * self.capacity))
+
+    def key_positions(self) -> Tensor:
+        """The position of each key of the pass's window `[1, max(lengths) + T]` (after `reserve`):
+        a contiguous row holds its tokens in order, each key at its index."""
+        assert self._window > 0, "reserve() first"
+        return torch.arange(self._window, device=self.tokens.device)[None]
 
     def write(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Store `[B, n_kv_heads, T, head_dim]` after each row's tokens; return the key/value window.

@@ -90,6 +90,10 @@ class PagedKVCache:
 
         self.keys = [zeros() for _ in range(config.n_layers)]
         self.values = [zeros() for _ in range(config.n_layers)]
+        # The position of every cached key, by block and offset: what positional rules read (the
+        # score biases today), so that a key's position is data, not its block index. A pass
+        # records its new keys' positions before its layers run (`PagedRows.place`).
+        self.key_positions = torch.zeros((num_blocks, block_size), dtype=torch.long, device=device)
         self._free = list(range(num_blocks - 1, SCRATCH_BLOCK, -1))
         self._references = [0] * num_blocks
         self._key_of: dict[int, bytes] = {}  # published blocks and their prefix keys
@@ -174,6 +178,7 @@ class PagedKVCache:
             block, count = head
             for buffer in self.keys + self.values:
                 buffer[:, fresh[0], :count] = buffer[:, block, :count]
+            self.key_positions[fresh[0], :count] = self.key_positions[block, :count]
             self._unreference(block)
             length += count
         return PagedRow(shared + fresh, length=length)
@@ -288,12 +293,28 @@ class PagedRows:
         return [row.table_key for row in self.rows]
 
     def reserve(self, new_tokens: int) -> None:
-        """Work out, once per pass, where the next `new_tokens` of every row go."""
+        """Work out, once per pass, where the next `new_tokens` of every row go, and record their
+        positions in the pool."""
+        self._write = self.place(new_tokens)
+        self._window = max(self.lengths) + new_tokens
+
+    def place(self, new_tokens: int) -> tuple[Tensor, Tensor]:
+        """Record the positions of every row's next `new_tokens` keys in the pool (each at its
+        index in the row's text) before a pass writes them; their blocks and offsets `[B, T]`.
+        Slots past a row's reservation are the scratch block's, which nobody reads."""
         device = self.block_table.device
         starts = torch.tensor(self.lengths, dtype=torch.long, device=device)
         positions = starts[:, None] + torch.arange(new_tokens, device=device)[None, :]  # [B, T]
-        self._write = self.slots(positions)
-        self._window = max(self.lengths) + new_tokens
+        blocks, offsets = self.slots(positions)
+        self.pool.key_positions[blocks, offsets] = positions
+        return blocks, offsets
+
+    def key_positions(self) -> Tensor:
+        """The positions the pool records for each row's window of the pass `[B, max(lengths) + T]`
+        (after `reserve`); slots past a row's own entries hold whatever they held, masked."""
+        size = self.pool.block_size
+        table = self.window_blocks(math.ceil(self._window / size))
+        return self.pool.key_positions[table].flatten(1)[:, : self._window]
 
     def slots(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """Block and offset of each row's `positions` [B, T]; past its blocks, the scratch block."""
@@ -376,6 +397,7 @@ class PagedRows:
         blocks, offsets = self.block_table[row, positions // size], positions % size
         for pages, new in zip(self.pool.keys + self.pool.values, source.keys + source.values, strict=True):
             pages[:, blocks, offsets] = new[0, :, :length]  # [Hkv, L, hd]
+        self.pool.key_positions[blocks, offsets] = positions
         target = self.rows[row]
         target.length = length
         target.table_key = source.table_keys[0]

@@ -118,18 +118,21 @@ class StepPositions(NamedTuple):
     bias: Tensor | None  # [B, H, W] float32 on the attention scores over the window
 
 
-def step_positions(inputs: PassInputs, window: int, t5_table: Tensor | None) -> StepPositions:
+def step_positions(inputs: PassInputs, slot_positions: Tensor, t5_table: Tensor | None) -> StepPositions:
     """Each row's positional inputs, indexed from the stacks `PositionalEncoding.pass_tables`
-    built: pure tensor work, so a compiled step traces it."""
-    positions, index = inputs.positions, inputs.table_index
-    absolute = rope = None
+    built; the bias reads the positions the pool records for the window's keys (`slot_positions`
+    [NB, BS], `PagedKVCache.key_positions`). Pure tensor work, so a compiled step traces it."""
+    positions, index, blocks = inputs.positions, inputs.table_index, inputs.window_blocks
+    absolute = rope = bias = None
     if inputs.absolute is not None and index is not None:
         absolute = inputs.absolute[index, positions]
     if inputs.rope_cos is not None and inputs.rope_sin is not None and index is not None:
         rope = inputs.rope_cos[index, positions], inputs.rope_sin[index, positions]
     t5 = (inputs.t5_buckets, t5_table) if inputs.t5_buckets is not None and t5_table is not None else None
-    keys = torch.arange(window, device=positions.device)
-    bias = score_bias(positions[:, None], keys, inputs.alibi_slopes, t5, window)
+    if inputs.alibi_slopes is not None or t5 is not None:
+        key_positions = slot_positions[blocks].flatten(1)  # [B, W]
+        window = key_positions.shape[1]
+        bias = score_bias(positions[:, None], key_positions, inputs.alibi_slopes, t5, window)
     return StepPositions(absolute, rope, bias[:, :, 0] if bias is not None else None)
 
 
@@ -141,18 +144,18 @@ def score_bias(
     span: int,
 ) -> Tensor | None:
     """The scheme's bias on the scores, float32 [R, H, Tq, Tk], for queries at `query_positions`
-    [R, Tq] and keys at `key_positions` [Tk]: ALiBi's slope * (k - q) (`pe_runtime.alibi_bias`),
-    or T5's learned value for the bucket of k - q, `t5` being (buckets [2 span - 1] indexed by
-    k - q + span - 1, the learned table [num_buckets, H]). None for schemes without one. The only
-    place either bias is written, for every pass."""
-    rows, length = query_positions.shape
+    [R, Tq] and keys at `key_positions` [R|1, Tk] (the positions the cache records for them):
+    ALiBi's slope * (k - q) (`pe_runtime.alibi_bias`), or T5's learned value for the bucket of
+    k - q, `t5` being (buckets [2 span - 1] indexed by k - q + span - 1, the learned table
+    [num_buckets, H]). None for schemes without one. The only place either bias is written, for
+    every pass. A key slot no query sees (padding, a slot not written yet) may hold any
+    position: its distance is clamped into the buckets, and the mask hides it."""
     if alibi_slopes is not None:
-        bias = alibi_bias(alibi_slopes, query_positions.flatten(), key_positions)  # [H, R * Tq, Tk]
-        return bias.view(-1, rows, length, key_positions.shape[0]).transpose(0, 1)
+        return alibi_bias(alibi_slopes, query_positions, key_positions).transpose(0, 1)
     if t5 is not None:
         buckets, table = t5
-        offsets = key_positions[None, None, :] - query_positions[:, :, None] + span - 1  # [R, Tq, Tk]
-        return table[buckets[offsets]].permute(0, 3, 1, 2).float()
+        offsets = key_positions[:, None, :] - query_positions[:, :, None] + span - 1  # [R, Tq, Tk]
+        return table[buckets[offsets.clamp(0, 2 * span - 2)]].permute(0, 3, 1, 2).float()
     return None
 
 
@@ -196,8 +199,13 @@ class PositionalEncoding(nn.Module):
         dtype: torch.dtype,
         table_lengths: Sequence[int] | None = None,
         counts: Sequence[int] | None = None,
+        key_positions: Tensor | None = None,
     ) -> PositionalInputs:
         """Inputs for `query_length` new tokens per row after `past_lengths[i]` cached ones.
+
+        `key_positions` [B|1, Tk] are the positions the cache records for the pass's key window
+        (`RowCache.key_positions`), which the score bias reads; by default every key sits at its
+        index. Which keys a query sees goes by index (its row's entries up to its own).
 
         `scalings` has one entry per row. `table_lengths[i]` is the sequence length whose table row
         `i` reads when its scaling depends on the length (default: its length after this pass); a
@@ -220,7 +228,9 @@ class PositionalEncoding(nn.Module):
         last = torch.tensor([row.count - 1 for row in rows], device=device)
         offsets = torch.minimum(torch.arange(query_length, device=device)[None, :], last[:, None])
         query_positions = pasts[:, None] + offsets  # [R, Tq]
-        bias = self._attention_bias(query_positions, key_length, dtype)
+        if key_positions is None:
+            key_positions = torch.arange(key_length, device=device)[None]
+        bias = self._attention_bias(query_positions, key_positions, key_length, dtype)
         fresh = all(row.past == 0 for row in rows)
         sees_all = query_length == 1 and len({row.past for row in rows}) == 1
         if bias is None and (fresh or sees_all):
@@ -401,16 +411,16 @@ class PositionalEncoding(nn.Module):
         )
         return slopes if config.alibi_scale == 1.0 else slopes * config.alibi_scale
 
-    def _attention_bias(self, query_positions: Tensor, key_length: int, dtype: torch.dtype) -> Tensor | None:
+    def _attention_bias(
+        self, query_positions: Tensor, key_positions: Tensor, key_length: int, dtype: torch.dtype
+    ) -> Tensor | None:
         """ALiBi or T5 additive bias [R, n_heads, Tq, Tk]; None for the other schemes."""
         device = query_positions.device
         slopes = self.alibi_slopes(device) if self.config.pe in ("alibi", "rope_alibi") else None
-        t5 = (
-            (self._t5_buckets(key_length, device), self.t5_table.weight)
-            if self.t5_table is not None
-            else None
-        )
-        bias = score_bias(query_positions, torch.arange(key_length, device=device), slopes, t5, key_length)
+        t5 = None
+        if self.t5_table is not None:
+            t5 = (self._t5_buckets(key_length, device), self.t5_table.weight)
+        bias = score_bias(query_positions, key_positions, slopes, t5, key_length)
         return bias.to(dtype) if bias is not None else None
 
     def _t5_buckets(self, span: int, device: torch.device) -> Tensor:

@@ -321,6 +321,11 @@ class Transformer(nn.Module):
                 raise ValueError("position_ids are for fresh training passes, not cached ones")
             positions = self.positions.at_positions(position_ids, scalings, dtype=hidden.dtype)
         else:
+            if cache is not None:
+                cache.reserve(length)
+            key_positions = (
+                cache.key_positions() if cache is not None and self.config.has_score_bias else None
+            )
             positions = self.positions(
                 length,
                 past_lengths,
@@ -329,11 +334,10 @@ class Transformer(nn.Module):
                 dtype=hidden.dtype,
                 table_lengths=table_lengths,
                 counts=counts,
+                key_positions=key_positions,
             )
         if positions.absolute is not None:
             hidden = hidden + positions.absolute
-        if cache is not None:
-            cache.reserve(length)
         for index, layer in enumerate(self.layers):
             if index:
                 yield
