@@ -75,38 +75,17 @@ class CLayer(NamedTuple):
     def matrices(self) -> tuple[Panels, ...]:
         return self.qkv, self.o_proj, self.up, self.down
 
-    def vectors(self) -> tuple[Tensor | None, ...]:
+    def vectors(self) -> list[Tensor | None]:
         """Norm weights and biases, which the kernel reads as float32 as they are."""
-        return (
-            self.attn_norm,
-            self.attn_norm_bias,
-            self.qkv_bias,
-            self.q_norm,
-            self.k_norm,
-            self.o_bias,
-            self.mlp_norm,
-            self.mlp_norm_bias,
-            self.up_bias,
-            self.down_bias,
-        )
+        return [field for field in self if not isinstance(field, Panels)]
 
     def pointers(self) -> list[Tensor | None]:
-        """The layer's entry in the C step's table, in `batch_pass.c`'s order."""
+        """The layer's entry in the C step's table, in `batch_pass.c`'s order (the fields' order,
+        each matrix as its values and scales)."""
         return [
-            self.attn_norm,
-            self.attn_norm_bias,
-            *self.qkv.tensors(),
-            self.qkv_bias,
-            self.q_norm,
-            self.k_norm,
-            *self.o_proj.tensors(),
-            self.o_bias,
-            self.mlp_norm,
-            self.mlp_norm_bias,
-            *self.up.tensors(),
-            self.up_bias,
-            *self.down.tensors(),
-            self.down_bias,
+            tensor
+            for field in self
+            for tensor in (field.tensors() if isinstance(field, Panels) else (field,))
         ]
 
 
