@@ -91,6 +91,12 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
         {"d_model": 36, "n_layers": 2, "n_heads": 6, "max_seq_len": 128},
         "alibi",
     ),
+    "mpt-expansion-2": (  # transformers builds its 4x MLP whatever the ratio says (test_hf_shapes.py)
+        "MptConfig",
+        "MptForCausalLM",
+        {"d_model": 36, "n_layers": 2, "n_heads": 6, "max_seq_len": 128, "expansion_ratio": 2},
+        "alibi",
+    ),
     "falcon": (
         "FalconConfig",
         "FalconForCausalLM",
@@ -275,13 +281,16 @@ PER_REQUEST = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings"
 
 
 def test_live_server_serves_the_families_with_per_request_scalings(tmp_path: Path) -> None:
-    """Three families behind one real server: `/score` equals transformers, also under a request's
-    own YaRN scaling (transformers given the same scaling in its config, same weights), and greedy
-    `/generate` equals `generate()`."""
-    cases = ("gpt_neox", "bloom", "qwen3")
+    """Nine families behind one real server, every one on the C pass where it is built: `/score`
+    equals transformers (Qwen3 also under a request's own YaRN scaling, transformers given the
+    same scaling in its config, same weights), and greedy `/generate` equals `generate()`."""
+    extras: dict[str, dict[str, Any]] = {"phi3": {"rope_parameters": longrope(8) | {"rope_theta": 10000.0}}}
+    cases = ("gpt2", "gptj", "gpt_neox", "stablelm", "bloom", "mpt-expansion-2", "falcon", "phi3", "qwen3")
     references = {}
     for case in cases:
-        references[case] = save_random(tmp_path / case, case, eos_token_id=None, bos_token_id=None)
+        references[case] = save_random(
+            tmp_path / case, case, eos_token_id=None, bos_token_id=None, **extras.get(case, {})
+        )
         tokenizer_for(tmp_path / case)
     config_name, model_name, fields, _ = FAMILIES["qwen3"]
     scaled_config = getattr(transformers, config_name)(
@@ -301,12 +310,10 @@ def test_live_server_serves_the_families_with_per_request_scalings(tmp_path: Pat
     with live_server([tmp_path / case for case in cases], options={"grpc_port": 0}) as server:
         listed = httpx.get(server.url("/models")).json()["models"]
         assert {card["name"]: card["scheme"] for card in listed} == {
-            "gpt_neox": "rope",
-            "bloom": "alibi",
-            "qwen3": "rope",
+            case: FAMILIES[case][3] for case in cases
         }
         if batch_pass.available():
-            assert {card["backend"] for card in listed} == {"c"}
+            assert {card["name"]: card["backend"] for card in listed} == dict.fromkeys(cases, "c")
         for case, reference, scaling in [
             *((case, references[case], None) for case in cases),
             ("qwen3", scaled, PER_REQUEST),
@@ -318,12 +325,13 @@ def test_live_server_serves_the_families_with_per_request_scalings(tmp_path: Pat
             ours = torch.tensor(answer["token_logprobs"][1:])
             assert (ours - reference_logprobs(reference)).abs().max().item() <= TOLERANCE, (case, scaling)
         prompt = document[:6]
-        answer = httpx.post(
-            server.url("/generate"),
-            json={"model": "bloom", "tokens": prompt, "max_new_tokens": 32, "temperature": 0},
-            timeout=60,
-        ).json()
-        expected = references["bloom"].generate(
-            torch.tensor([prompt]), max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0
-        )[0, len(prompt) :]
-        assert answer["tokens"] == expected.tolist()
+        for case in cases:
+            answer = httpx.post(
+                server.url("/generate"),
+                json={"model": case, "tokens": prompt, "max_new_tokens": 32, "temperature": 0},
+                timeout=60,
+            ).json()
+            expected = references[case].generate(
+                torch.tensor([prompt]), max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0
+            )[0, len(prompt) :]
+            assert answer["tokens"] == expected.tolist(), case
