@@ -1,5 +1,6 @@
-"""The context-extension lab (`pe_client.sweep`, `pe_client.passkey`, `pe-client sweep|passkey`)
-against a real server on the zoo's RoPE and ALiBi members (native context 256).
+"""The context-extension lab (`pe_client.sweep`, `pe_client.passkey`, `pe_client.ruler`,
+`pe-client sweep|passkey|ruler`) against a real server on the zoo's RoPE and ALiBi members (native
+context 256).
 
 What the server saw is read from its own `/metrics`: which requests arrived, and which were cut
 off by the client (status 499, the request cancelled in the engine).
@@ -16,9 +17,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pe_client import AsyncPEClient, PEClient, async_sweep, passkey, sweep
+from pe_client import AsyncPEClient, PEClient, async_sweep, passkey, ruler, sweep
 from pe_client.cli import main
 from pe_client.grid import GridError
+from pe_client.passkey import wilson_interval
+from pe_client.ruler_tasks import TASKS, string_match_all
 from pe_client.sweep import SweepCell
 
 from tests.live_server import LiveServer, OptionValue, live_server
@@ -250,6 +253,9 @@ def test_passkey_sdk_and_cli(
         for depth in (0.1, 0.9)
     ]
     assert all(cell.trials == 1 and 0 <= cell.correct <= 1 for cell in result.cells)
+    assert all(
+        cell.attention is None and cell.interval == wilson_interval(cell.correct, 1) for cell in result.cells
+    )
 
     heatmap = tmp_path / "passkey.svg"
     args = ["--url", zoo_server.base_url, "passkey", "--lengths", "384,512", "--depths", "0.1,0.9"]
@@ -258,5 +264,104 @@ def test_passkey_sdk_and_cli(
     printed = json.loads(capsys.readouterr().out)
     assert set(printed) == {"cells"}
     assert printed["cells"] == [cell.model_dump(mode="json") for cell in result.cells]  # same seed, same keys
-    assert all(set(cell) == {"length", "depth", "scaling", "trials", "correct"} for cell in printed["cells"])
+    assert all(
+        set(cell) == {"length", "depth", "scaling", "attention", "trials", "correct", "interval"}
+        and cell["attention"] is None
+        for cell in printed["cells"]
+    )
     assert "<svg" in heatmap.read_text()
+
+
+def test_ruler_cli_json_dump_and_plot(
+    zoo_server: LiveServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every task at one length, one sample each (the SDK test below averages several): each
+    cell's score is `string_match_all` of its dumped sample, and each prompt is within 10% of the
+    length in the model's own tokens."""
+    before = requests_seen(zoo_server)
+    dump, plot = tmp_path / "ruler.jsonl", tmp_path / "ruler.svg"
+    args = ["--url", zoo_server.base_url, "ruler", "--lengths", "880", "--samples", "1", "--seed", "3"]
+    assert main([*args, "--json", "--dump", str(dump), "--plot", str(plot), "--progress"]) == 0
+    out, err = capsys.readouterr()
+    generated = count(requests_seen(zoo_server), "/generate", "200") - count(before, "/generate", "200")
+    assert generated == len(TASKS)
+    assert f"{len(TASKS)}/{len(TASKS)} samples" in err  # the progress bar, on stderr
+    printed = json.loads(out)
+    assert set(printed) == {"model", "cells", "wall_s"} and printed["model"] == "zoo-rope"
+    assert [cell["task"] for cell in printed["cells"]] == list(TASKS)
+    assert all(
+        set(cell) == {"task", "length", "scaling", "attention", "samples", "score"}
+        and (cell["length"], cell["scaling"], cell["attention"], cell["samples"])
+        == (880, {"type": "none"}, None, 1)
+        for cell in printed["cells"]
+    )
+    lines = [json.loads(line) for line in dump.read_text(encoding="utf-8").splitlines()]
+    assert len(lines) == len(TASKS)
+    for cell in printed["cells"]:
+        (sample,) = [line for line in lines if line["task"] == cell["task"]]
+        assert cell["score"] == string_match_all(sample["output"], sample["answers"])
+    for line in lines:
+        assert set(line) == {
+            "task",
+            "length",
+            "scaling",
+            "attention",
+            "prompt",
+            "prompt_tokens",
+            "answers",
+            "output",
+        }
+        assert 0.9 * 880 <= line["prompt_tokens"] <= 880
+        assert len(zoo_server_tokens(zoo_server, line["prompt"])) == line["prompt_tokens"]
+        assert all(answer in line["prompt"] for answer in line["answers"])
+    assert "<svg" in plot.read_text()
+
+
+def zoo_server_tokens(server: LiveServer, prompt: str) -> list[int]:
+    response = httpx.post(server.url("/tokenize"), json={"prompt": prompt}, timeout=10.0)
+    tokens: list[int] = response.json()["tokens"]
+    return tokens
+
+
+def test_ruler_sdk_asks_every_sample_under_every_scaling(zoo: PEClient) -> None:
+    """The sync SDK call: the same prompts under each scaling, a cell's score the mean of its
+    samples' `string_match_all` (the CLI test above has one sample per cell)."""
+    result = ruler(zoo, tasks=["vt"], lengths=[600], samples=2, scalings=["none", "linear:factor=2"], seed=9)
+    assert [(cell.task, cell.scaling.type, cell.samples) for cell in result.cells] == [
+        ("vt", "none", 2),
+        ("vt", "linear", 2),
+    ]
+    assert [sample.prompt for sample in result.samples[:2]] == [
+        sample.prompt for sample in result.samples[2:]
+    ]
+    assert len({sample.prompt for sample in result.samples}) == 2
+    for cell, samples in zip(result.cells, (result.samples[:2], result.samples[2:]), strict=True):
+        assert cell.score == pytest.approx(
+            sum(string_match_all(sample.output, sample.answers) for sample in samples) / 2
+        )
+
+
+@pytest.mark.parametrize(
+    ("grid", "message"),
+    [
+        (["--tasks", "niah_single,qa_squad"], "unknown task 'qa_squad'"),
+        (["--scaling", "yarn:factor=0.5"], "factor must be at least 1"),
+        (["--attention", "self_extend:group_size=4"], "window"),
+        (["--attention", "sliding:window=8"], "unknown attention type 'sliding'"),
+        (["--samples", "0"], "samples must be at least 1"),
+        (["--lengths", f"{MAX_CONTEXT + 1}"], f"max_context {MAX_CONTEXT}"),
+        (["--haystack", "/nonexistent/haystack.txt"], "--haystack /nonexistent/haystack.txt"),
+        (["--plot", "ruler.pdf"], ".png or .svg"),
+    ],
+)
+def test_bad_ruler_grids_fail_before_any_request(
+    zoo_server: LiveServer, grid: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = requests_seen(zoo_server)
+    args = ["--url", zoo_server.base_url, "ruler", "--lengths", "512", *grid]
+    assert main(args) == 1
+    _, err = capsys.readouterr()
+    assert message in err, err
+    after = requests_seen(zoo_server)
+    for endpoint in ("/score", "/tokenize", "/generate", "/tokenizer_info"):
+        assert count(after, endpoint) == count(before, endpoint), endpoint

@@ -2,6 +2,15 @@
 
 from pe_client._version import __version__
 from pe_client.async_client import AsyncPEClient
+from pe_client.attention import (
+    DCAAttention,
+    LeakyReRoPEAttention,
+    PEAttention,
+    ReRoPEAttention,
+    SelfExtendAttention,
+    StandardAttention,
+    StreamingAttention,
+)
 from pe_client.client import PEClient
 from pe_client.errors import (
     APIConnectionError,
@@ -21,6 +30,7 @@ from pe_client.errors import (
 )
 from pe_client.grid import GridError
 from pe_client.passkey import PasskeyCell, PasskeyResult, async_passkey, passkey
+from pe_client.ruler import RulerCell, RulerResult, RulerSample, async_ruler, ruler
 from pe_client.scaling import (
     DynamicScaling,
     LinearScaling,
@@ -65,6 +75,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "ChatMessage",
+    "DCAAttention",
     "DynamicScaling",
     "GenerateParams",
     "GenerateRequest",
@@ -72,6 +83,7 @@ __all__ = [
     "GridError",
     "Health",
     "InternalServerError",
+    "LeakyReRoPEAttention",
     "LinearScaling",
     "Llama3Scaling",
     "LongRopeScaling",
@@ -79,6 +91,7 @@ __all__ = [
     "NTKScaling",
     "NoScaling",
     "NotFoundError",
+    "PEAttention",
     "PEClient",
     "PEInfo",
     "PEScaling",
@@ -87,15 +100,22 @@ __all__ = [
     "PasskeyResult",
     "PayloadTooLargeError",
     "RateLimitError",
+    "ReRoPEAttention",
+    "RulerCell",
+    "RulerResult",
+    "RulerSample",
     "ScalingType",
     "ScoreParams",
     "ScoreRequest",
     "ScoreResponse",
+    "SelfExtendAttention",
     "ServiceUnavailableError",
+    "StandardAttention",
     "Stream",
     "StreamEnd",
     "StreamEvent",
     "StreamToken",
+    "StreamingAttention",
     "SweepCell",
     "SweepResult",
     "Timing",
@@ -106,7 +126,9 @@ __all__ = [
     "YarnScaling",
     "__version__",
     "async_passkey",
+    "async_ruler",
     "async_sweep",
     "passkey",
+    "ruler",
     "sweep",
 ]

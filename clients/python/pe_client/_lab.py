@@ -1,20 +1,63 @@
-"""What the sweep and the passkey test share: the model's card, the async twin of a sync client, and
-sending a batch of requests together so that the server runs them in one batch.
+"""What the lab's commands share: the model's card, the async twin of a sync client, sending a
+batch of requests together so that the server runs them in one batch, greedy answers under a
+configuration, and cells that show their configuration as it was sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, PlainSerializer
 
 from pe_client.async_client import AsyncPEClient
+from pe_client.attention import PEAttention
 from pe_client.client import PEClient
-from pe_client.grid import GridError, check_lengths, check_supported, pick_model
+from pe_client.grid import Configuration, GridError, check_lengths, check_supported, pick_model
 from pe_client.scaling import PEScaling
-from pe_client.types import ModelInfo
+from pe_client.types import GenerateRequest, ModelInfo
 
 T = TypeVar("T")
+
+
+def _as_sent(value: BaseModel | None) -> dict[str, Any] | None:
+    """The fields the request set, as in the SPEC's JSON (unset ones are the server's defaults)."""
+    return None if value is None else value.model_dump(mode="json", exclude_none=True)
+
+
+SentScaling = Annotated[PEScaling, PlainSerializer(_as_sent)]
+"""A cell's scaling, serialized with the fields the request set."""
+SentAttention = Annotated[PEAttention | None, PlainSerializer(_as_sent)]
+"""A cell's attention rule (None: no `pe_attention` was sent), serialized like `SentScaling`."""
+
+
+class _ConfiguredGenerateRequest(GenerateRequest):
+    """A generation that may also name an attention rule: the SDK's request has no `pe_attention`
+    field yet, and a None one is left out of the body like every unset field."""
+
+    pe_attention: PEAttention | None = None
+
+
+async def greedy_text(
+    client: AsyncPEClient,
+    *,
+    model: str,
+    tokens: list[int],
+    configuration: Configuration,
+    max_new_tokens: int,
+) -> str:
+    """The greedy continuation of `tokens` under a (scaling, attention rule) configuration."""
+    scaling, attention = configuration
+    request = _ConfiguredGenerateRequest(
+        tokens=tokens,
+        model=model,
+        pe_scaling=scaling,
+        pe_attention=attention,
+        max_new_tokens=max_new_tokens,
+        temperature=0.0,
+    )
+    return (await client.generate(request)).text
 
 
 async def checked_card(
@@ -37,6 +80,8 @@ async def gather_all(
 
     Jobs run in a task group: when one fails or the caller is cancelled (Ctrl-C, a timeout), the
     others are cancelled, which closes their HTTP requests, and the server cancels what they asked.
+    The first failure is raised as itself (a GridError, an APIStatusError), not in the group's
+    ExceptionGroup, so callers and the CLI handle it as they would a single request's.
     """
     if concurrency is not None and concurrency < 1:
         raise GridError(f"concurrency must be at least 1, got {concurrency}")
@@ -49,8 +94,12 @@ async def gather_all(
             on_done(result)
         return result
 
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(run(job)) for job in jobs]
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(run(job)) for job in jobs]
+    except ExceptionGroup as failed:
+        first = failed.exceptions[0]
+        raise first from first.__cause__
     return [task.result() for task in tasks]
 
 

@@ -3,9 +3,10 @@
 pe-client generate --pe rope --scaling yarn --factor 4 "def fib(n):"
 pe-client compare --pe rope --scalings none,linear,ntk,yarn --factor 4 "def fib(n):"
 pe-client models
-pe-client --grpc 127.0.0.1:50051 models      # any command but sweep and passkey over gRPC (pe-client[grpc])
+pe-client --grpc 127.0.0.1:50051 models      # any command but the lab's over gRPC (pe-client[grpc])
 pe-client sweep --corpus pydoc-topics --lengths 256,1024,4096 --scaling none --scaling 'yarn:factor=4|16'
-pe-client passkey --lengths 512,2048 --depths 0.1,0.5,0.9 --scaling none --scaling dynamic:factor=4
+pe-client passkey --lengths 512,2048 --depths 0.1,0.5,0.9 --scaling none --scaling dynamic:factor=4 --trials 5
+pe-client ruler --tasks niah_single,vt,cwe --lengths 1024,4096 --samples 20 --scaling 'yarn:factor=4' --json
 """
 
 from __future__ import annotations
@@ -28,16 +29,20 @@ from pe_client.async_client import AsyncPEClient
 from pe_client.client import PEClient
 from pe_client.corpora import CORPORA, corpus_text
 from pe_client.errors import PEServeError
-from pe_client.grid import parse_specs
+from pe_client.grid import configurations, parse_specs
 from pe_client.lab_output import (
     ProgressBar,
     check_plot_path,
     passkey_table,
     plot_passkey,
+    plot_ruler,
     plot_sweep,
+    ruler_table,
     sweep_table,
 )
 from pe_client.passkey import PasskeyResult, async_passkey
+from pe_client.ruler import RulerResult, async_ruler
+from pe_client.ruler_tasks import TASKS, check_tasks
 from pe_client.scaling import PEScaling, ScalingType, parse_scaling
 from pe_client.sweep import SweepResult, async_sweep
 from pe_client.types import (
@@ -126,23 +131,52 @@ def _parser() -> argparse.ArgumentParser:
 
     passkey = commands.add_parser("passkey", help="find a key hidden in filler: accuracy by depth and length")
     _add_lab_options(passkey)
+    _add_attention_option(passkey)
     passkey.add_argument("--depths", type=_floats, default=[0.1, 0.5, 0.9], help="default 0.1,0.5,0.9")
-    passkey.add_argument("--trials", type=int, default=1, help="keys per (length, depth) (default 1)")
-    passkey.add_argument("--seed", type=int, default=0, help="draws the keys (default 0)")
+    passkey.add_argument(
+        "--trials", type=int, default=1, help="keys per (length, depth), each with its own filler (default 1)"
+    )
+    passkey.add_argument("--seed", type=int, default=0, help="draws the keys and fillers (default 0)")
     passkey.set_defaults(run=_run_passkey)
+
+    ruler = commands.add_parser(
+        "ruler", help="RULER's synthetic tasks (retrieval, tracing, aggregation): scores by length"
+    )
+    _add_lab_options(ruler, scaling_required=False)
+    _add_attention_option(ruler)
+    ruler.add_argument(
+        "--tasks",
+        type=_names,
+        default=list(TASKS),
+        help=f"comma-separated (default: all of {','.join(TASKS)})",
+    )
+    ruler.add_argument("--samples", type=int, default=10, metavar="N", help="samples per cell (default 10)")
+    ruler.add_argument("--seed", type=int, default=0, help="draws the samples (default 0)")
+    ruler.add_argument(
+        "--haystack",
+        default="noise",
+        metavar="noise|FILE",
+        help="filler of the needle and variable tasks: RULER's noise (default) or a text file",
+    )
+    ruler.add_argument(
+        "--dump", type=Path, metavar="FILE.jsonl", help="write every answered sample, one per line"
+    )
+    ruler.set_defaults(run=_run_ruler)
     return parser
 
 
-def _add_lab_options(parser: argparse.ArgumentParser) -> None:
+def _add_lab_options(parser: argparse.ArgumentParser, *, scaling_required: bool = True) -> None:
+    """The options every lab command takes; without `--scaling`, `ruler` runs unscaled."""
     parser.add_argument("--model", default=None, help="default: the server's default model")
     parser.add_argument("--lengths", type=_ints, required=True, help="comma-separated token counts")
     parser.add_argument(
         "--scaling",
         dest="scalings",
         action="append",
-        required=True,
+        required=scaling_required,
         metavar="SPEC",
-        help="none or TYPE:key=value,... (factor=2|4|8 expands); repeatable",
+        help="none or TYPE:key=value,... (factor=2|4|8 expands); repeatable"
+        + ("" if scaling_required else " (default none)"),
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     parser.add_argument(
@@ -157,6 +191,22 @@ def _add_lab_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="progress bar on stderr (default: when stderr is a terminal)",
     )
+
+
+def _add_attention_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--attention",
+        dest="attentions",
+        action="append",
+        default=None,
+        metavar="SPEC",
+        help="attention rule TYPE:key=value,... (window=256|512 expands), crossed with --scaling; "
+        "repeatable (default: none sent)",
+    )
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _ints(text: str) -> list[int]:
@@ -187,7 +237,7 @@ def _async_client(args: argparse.Namespace) -> AsyncPEClient | AsyncGrpcPEClient
 def _lab_client(args: argparse.Namespace) -> AsyncPEClient:
     """The lab's requests are long and many at once: HTTP, no read timeout."""
     if args.grpc is not None:
-        raise PEServeError("sweep and passkey talk HTTP; leave out --grpc")
+        raise PEServeError("the lab's commands (sweep, passkey, ruler) talk HTTP; leave out --grpc")
     return AsyncPEClient(args.url, api_key=args.api_key, max_retries=args.max_retries, timeout=LAB_TIMEOUT)
 
 
@@ -332,9 +382,9 @@ def _wrap(text: str, width: int) -> list[str]:
     return lines
 
 
-def _progress(args: argparse.Namespace, total: int) -> ProgressBar:
+def _progress(args: argparse.Namespace, total: int, unit: str = "cells") -> ProgressBar:
     enabled = sys.stderr.isatty() if args.progress is None else args.progress
-    return ProgressBar(total, enabled=enabled)
+    return ProgressBar(total, enabled=enabled, unit=unit)
 
 
 def _lab_checks(args: argparse.Namespace) -> int:
@@ -374,9 +424,17 @@ def _run_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _configurations(args: argparse.Namespace, scalings: Sequence[str]) -> int:
+    """`_lab_checks` for the commands that cross scalings with attention rules: the number of
+    (scaling, rule) configurations, once the plot's format and every SPEC are known to be good."""
+    if args.plot is not None:
+        check_plot_path(args.plot)
+    return len(configurations(scalings, args.attentions))
+
+
 def _run_passkey(args: argparse.Namespace) -> int:
-    scalings = _lab_checks(args)
-    bar = _progress(args, scalings * len(set(args.lengths)) * len(args.depths) * max(1, args.trials))
+    grid = _configurations(args, args.scalings)
+    bar = _progress(args, grid * len(set(args.lengths)) * len(args.depths) * max(1, args.trials))
 
     async def run() -> PasskeyResult:
         async with _lab_client(args) as client:
@@ -385,6 +443,7 @@ def _run_passkey(args: argparse.Namespace) -> int:
                 lengths=args.lengths,
                 depths=args.depths,
                 scalings=args.scalings,
+                attentions=args.attentions,
                 model=args.model,
                 trials=args.trials,
                 seed=args.seed,
@@ -397,6 +456,46 @@ def _run_passkey(args: argparse.Namespace) -> int:
     if args.plot is not None:
         plot_passkey(result, args.plot)
     return 0
+
+
+def _run_ruler(args: argparse.Namespace) -> int:
+    tasks = check_tasks(args.tasks)
+    scalings = args.scalings or ["none"]
+    grid = _configurations(args, scalings)
+    haystack = None if args.haystack == "noise" else _read_text(Path(args.haystack), "--haystack")
+    bar = _progress(args, grid * len(tasks) * len(set(args.lengths)) * max(1, args.samples), "samples")
+
+    async def run() -> RulerResult:
+        async with _lab_client(args) as client:
+            return await async_ruler(
+                client,
+                lengths=args.lengths,
+                tasks=tasks,
+                samples=args.samples,
+                scalings=scalings,
+                attentions=args.attentions,
+                model=args.model,
+                seed=args.seed,
+                haystack=haystack,
+                concurrency=args.concurrency,
+                on_sample=bar.advance,
+            )
+
+    result = asyncio.run(run())
+    print(result.model_dump_json() if args.json else ruler_table(result))
+    if args.dump is not None:
+        with args.dump.open("w", encoding="utf-8") as dump:
+            dump.writelines(sample.model_dump_json() + "\n" for sample in result.samples)
+    if args.plot is not None:
+        plot_ruler(result, args.plot)
+    return 0
+
+
+def _read_text(path: Path, option: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PEServeError(f"{option} {path}: {exc}") from exc
 
 
 def _run_models(args: argparse.Namespace) -> int:

@@ -1,20 +1,24 @@
-"""Grids of lengths and scalings for the context-extension lab, checked before anything is sent.
+"""Grids of lengths, scalings and attention rules for the context-extension lab, checked before
+anything is sent.
 
 A scaling SPEC is `none` or `TYPE:key=value,key=value` with the `pe_scaling` fields; several
-values of one key (`factor=2|4|8`) expand into one scaling each. Types and keys are checked by the
-SDK's own scaling models; the ranges a lab run could not use are checked here, and the lengths and
-scaling types against the model's card, so a bad grid fails with a message naming the culprit
-instead of after some of its cells have already run.
+values of one key (`factor=2|4|8`) expand into one scaling each. An attention SPEC is written the
+same way with the `pe_attention` fields (`self_extend:group_size=4|8,window=512`). Types and keys
+are checked by the SDK's own models; the ranges a lab run could not use are checked here, and the
+lengths and scaling types against the model's card, so a bad grid fails with a message naming the
+culprit instead of after some of its cells have already run.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from pe_client.attention import PEAttention, parse_attention
 from pe_client.errors import PEServeError
 from pe_client.scaling import PEScaling, parse_scaling
 from pe_client.types import ModelInfo
@@ -25,6 +29,14 @@ _SHORT_KEYS = {"original_max_position_embeddings": "orig", "short_factor": "shor
 ScalingSpec = str | PEScaling
 """A SPEC string (which may expand to several scalings) or a typed scaling."""
 
+AttentionSpec = str | PEAttention
+"""An attention SPEC string (which may expand to several rules) or a typed rule."""
+
+Configuration = tuple[PEScaling, PEAttention | None]
+"""What one lab cell runs under: a scaling, and an attention rule or None (the field left out)."""
+
+_Parsed = TypeVar("_Parsed", bound=BaseModel)
+
 
 class GridError(PEServeError, ValueError):
     """A lab grid that cannot run: a bad SPEC, an out-of-range value, a length over `max_context`."""
@@ -34,7 +46,7 @@ def parse_specs(specs: Iterable[ScalingSpec]) -> list[PEScaling]:
     """Every scaling the SPECs name, in order, each once."""
     scalings: list[PEScaling] = []
     for spec in specs:
-        for scaling in _expand(spec) if isinstance(spec, str) else [spec]:
+        for scaling in _expand(spec, parse_scaling, "scaling") if isinstance(spec, str) else [spec]:
             _check_ranges(scaling)
             if scaling not in scalings:
                 scalings.append(scaling)
@@ -43,7 +55,27 @@ def parse_specs(specs: Iterable[ScalingSpec]) -> list[PEScaling]:
     return scalings
 
 
-def _expand(spec: str) -> list[PEScaling]:
+def parse_attention_specs(specs: Iterable[AttentionSpec]) -> list[PEAttention]:
+    """Every attention rule the SPECs name, in order, each once."""
+    rules: list[PEAttention] = []
+    for spec in specs:
+        for rule in _expand(spec, parse_attention, "attention") if isinstance(spec, str) else [spec]:
+            if rule not in rules:
+                rules.append(rule)
+    return rules
+
+
+def configurations(
+    scalings: Iterable[ScalingSpec], attentions: Iterable[AttentionSpec] | None
+) -> list[Configuration]:
+    """Every scaling crossed with every attention rule (scalings outer); no rules given (None or
+    empty) means one configuration per scaling that sends no `pe_attention` at all."""
+    rules: list[PEAttention | None] = [*parse_attention_specs(attentions or [])] or [None]
+    return [(scaling, rule) for scaling in parse_specs(scalings) for rule in rules]
+
+
+def _expand(spec: str, parse: Callable[[object], _Parsed], kind: str) -> list[_Parsed]:
+    """The objects a SPEC names: one per combination of its `|` alternatives, built by `parse`."""
     scaling_type, _, assignments = spec.strip().partition(":")
     keys: list[str] = []
     choices: list[list[object]] = []
@@ -57,9 +89,9 @@ def _expand(spec: str) -> list[PEScaling]:
     for combination in itertools.product(*choices):
         fields = {"type": scaling_type.strip(), **dict(zip(keys, combination, strict=True))}
         try:
-            expanded.append(parse_scaling(fields))
+            expanded.append(parse(fields))
         except ValidationError as exc:
-            raise GridError(f"scaling {spec!r}: {_first_problem(exc)}") from exc
+            raise GridError(f"{kind} {spec!r}: {_first_problem(exc, kind)}") from exc
     return expanded
 
 
@@ -75,13 +107,12 @@ def _value(text: str) -> object:
     return text
 
 
-def _first_problem(exc: ValidationError) -> str:
+def _first_problem(exc: ValidationError, kind: str) -> str:
     error = exc.errors()[0]
     where = ".".join(str(part) for part in error["loc"][1:] if not isinstance(part, int)) or "type"
     if error["type"] == "union_tag_invalid":
-        return (
-            f"unknown scaling type {error['input'].get('type')!r} (expected {error['ctx']['expected_tags']})"
-        )
+        expected = error["ctx"]["expected_tags"]
+        return f"unknown {kind} type {error['input'].get('type')!r} (expected {expected})"
     return f"{where}: {error['msg']}"
 
 
@@ -135,14 +166,21 @@ def pick_model(cards: Sequence[ModelInfo], model: str | None) -> ModelInfo:
     raise GridError(f"no model {model!r} on the server (it has {', '.join(card.name for card in cards)})")
 
 
-def label(scaling: PEScaling) -> str:
+def label(scaling: PEScaling | PEAttention) -> str:
     """A short name for tables and legends: `none`, `yarn x4`, plus any field besides the factor
-    (a list of factors as its one value when uniform, else its range)."""
+    (a list of factors as its one value when uniform, else its range); attention rules alike
+    (`self_extend (group_size=4,window=512)`)."""
     fields = scaling.model_dump(exclude_none=True, exclude={"type", "factor"})
     factor = getattr(scaling, "factor", None)
     text = scaling.type if factor is None else f"{scaling.type} x{factor:g}"
     extras = ",".join(f"{_SHORT_KEYS.get(key, key)}={_short(value)}" for key, value in fields.items())
     return f"{text} ({extras})" if extras else text
+
+
+def configuration_label(configuration: Configuration) -> str:
+    """`yarn x4`, or `yarn x4 + self_extend (group_size=4,window=512)` when a rule is sent."""
+    scaling, attention = configuration
+    return label(scaling) if attention is None else f"{label(scaling)} + {label(attention)}"
 
 
 def _short(value: object) -> str:

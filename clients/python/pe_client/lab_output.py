@@ -9,17 +9,19 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from pe_client.errors import PEServeError
-from pe_client.grid import label
-from pe_client.passkey import PasskeyResult
+from pe_client.grid import configuration_label, label
+from pe_client.passkey import PasskeyCell, PasskeyResult
+from pe_client.ruler import RulerCell, RulerResult
 from pe_client.sweep import SweepCell, SweepResult
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 PLOT_SUFFIXES = (".png", ".svg")
+_Cell = TypeVar("_Cell", PasskeyCell, RulerCell)
 
 
 class ProgressBar:
@@ -70,16 +72,15 @@ def sweep_table(result: SweepResult) -> str:
 
 
 def passkey_table(result: PasskeyResult) -> str:
-    """One block per scaling: depths down, lengths across, correct/trials in each cell."""
+    """One block per configuration: depths down, lengths across, correct/trials and the 95%
+    interval of the share found in each cell."""
     lengths = sorted({cell.length for cell in result.cells})
     blocks = [
         f"{result.model}: passkey retrieval ({'chat template' if result.chat else 'completion prompt'})"
     ]
-    scalings = list(dict.fromkeys(label(cell.scaling) for cell in result.cells))
-    for name in scalings:
-        cells = [cell for cell in result.cells if label(cell.scaling) == name]
+    for name, cells in _by_configuration(result.cells):
         depths = list(dict.fromkeys(cell.depth for cell in cells))
-        found = {(cell.depth, cell.length): f"{cell.correct}/{cell.trials}" for cell in cells}
+        found = {(cell.depth, cell.length): _found(cell) for cell in cells}
         table = _table(
             "depth",
             lengths,
@@ -87,6 +88,34 @@ def passkey_table(result: PasskeyResult) -> str:
         )
         blocks.append(f"{name}:\n{table}")
     return "\n\n".join(blocks)
+
+
+def ruler_table(result: RulerResult) -> str:
+    """One block per configuration: tasks down, lengths across, the mean score in each cell."""
+    lengths = sorted({cell.length for cell in result.cells})
+    samples = max(cell.samples for cell in result.cells)
+    blocks = [
+        f"{result.model}: RULER, {samples} samples per cell "
+        f"({'chat template' if result.chat else 'completion prompt'}, {result.wall_s:.1f} s)"
+    ]
+    for name, cells in _by_configuration(result.cells):
+        score = {(cell.task, cell.length): cell.score for cell in cells}
+        tasks = list(dict.fromkeys(cell.task for cell in cells))
+        table = _table("task", lengths, {task: [score[task, length] for length in lengths] for task in tasks})
+        blocks.append(f"{name}:\n{table}")
+    return "\n\n".join(blocks)
+
+
+def _found(cell: PasskeyCell) -> str:
+    return f"{cell.correct}/{cell.trials} ({_percents(cell.interval)})"
+
+
+def _by_configuration(cells: Sequence[_Cell]) -> list[tuple[str, list[_Cell]]]:
+    """Each configuration's label and its cells, configurations in grid order."""
+    groups: dict[str, list[_Cell]] = {}
+    for cell in cells:
+        groups.setdefault(configuration_label((cell.scaling, cell.attention)), []).append(cell)
+    return list(groups.items())
 
 
 def _by_scaling(result: SweepResult) -> list[tuple[str, list[SweepCell]]]:
@@ -161,30 +190,91 @@ def plot_sweep(result: SweepResult, path: Path) -> None:
 
 
 def plot_passkey(result: PasskeyResult, path: Path) -> None:
-    """One heatmap per scaling: the share of keys found, depth down and length across."""
-    plt = _pyplot()
-    scalings = list(dict.fromkeys(label(cell.scaling) for cell in result.cells))
+    """One heatmap per configuration: the share of keys found, depth down and length across, each
+    cell annotated with its 95% interval."""
     lengths = sorted({cell.length for cell in result.cells})
     depths = list(dict.fromkeys(cell.depth for cell in result.cells))
-    figure, panels = plt.subplots(
-        1, len(scalings), figsize=(3.6 * len(scalings) + 1, 3.8), squeeze=False, layout="constrained"
+    panels = []
+    for name, cells in _by_configuration(result.cells):
+        by_place = {(cell.depth, cell.length): cell for cell in cells}
+        grid = [[by_place[depth, length] for length in lengths] for depth in depths]
+        panels.append(
+            (
+                name,
+                [[cell.correct / cell.trials for cell in row] for row in grid],
+                [
+                    [f"{cell.correct / cell.trials:.0%}\n{_percents(cell.interval)}" for cell in line]
+                    for line in grid
+                ],
+            )
+        )
+    _heatmaps(
+        panels,
+        path,
+        title=f"{result.model}: passkey retrieval (95% Wilson intervals)",
+        rows=("depth", [f"{depth:g}" for depth in depths]),
+        columns=[str(length) for length in lengths],
+        colorbar="keys found",
+    )
+
+
+def plot_ruler(result: RulerResult, path: Path) -> None:
+    """One heatmap per configuration: the mean score, task down and length across."""
+    lengths = sorted({cell.length for cell in result.cells})
+    tasks = list(dict.fromkeys(cell.task for cell in result.cells))
+    panels = []
+    for name, cells in _by_configuration(result.cells):
+        score = {(cell.task, cell.length): cell.score for cell in cells}
+        grid = [[score[task, length] for length in lengths] for task in tasks]
+        panels.append((name, grid, [[f"{value:.0%}" for value in row] for row in grid]))
+    _heatmaps(
+        panels,
+        path,
+        title=f"{result.model}: RULER",
+        rows=("task", tasks),
+        columns=[str(length) for length in lengths],
+        colorbar="score (string_match_all)",
+    )
+
+
+def _percents(interval: tuple[float, float]) -> str:
+    low, high = interval
+    return f"{low:.0%}-{high:.0%}"
+
+
+def _heatmaps(
+    panels: Sequence[tuple[str, list[list[float]], list[list[str]]]],
+    path: Path,
+    *,
+    title: str,
+    rows: tuple[str, Sequence[str]],
+    columns: Sequence[str],
+    colorbar: str,
+) -> None:
+    """Side-by-side heatmaps of shares (0..1), one per (name, values, cell texts), lengths across."""
+    plt = _pyplot()
+    row_name, row_labels = rows
+    figure, axes_row = plt.subplots(
+        1,
+        len(panels),
+        figsize=(3.6 * len(panels) + 1, 1.2 + 0.45 * max(len(row_labels), 6)),
+        squeeze=False,
+        layout="constrained",
     )
     image = None
-    for axes, name in zip(panels[0], scalings, strict=True):
-        share = {(c.depth, c.length): c.correct / c.trials for c in result.cells if label(c.scaling) == name}
-        grid = [[share[depth, length] for length in lengths] for depth in depths]
-        image = axes.imshow(grid, vmin=0.0, vmax=1.0, cmap="RdYlGn", aspect="auto")
-        axes.set_xticks(range(len(lengths)), [str(length) for length in lengths])
-        axes.set_yticks(range(len(depths)), [f"{depth:g}" for depth in depths])
+    for axes, (name, values, texts) in zip(axes_row[0], panels, strict=True):
+        image = axes.imshow(values, vmin=0.0, vmax=1.0, cmap="RdYlGn", aspect="auto")
+        axes.set_xticks(range(len(columns)), list(columns))
+        axes.set_yticks(range(len(row_labels)), list(row_labels))
         axes.set_xlabel("length (tokens)")
-        axes.set_ylabel("depth")
-        axes.set_title(name)
-        for row, depth in enumerate(depths):
-            for column, length in enumerate(lengths):
-                axes.text(column, row, f"{share[depth, length]:.0%}", ha="center", va="center", fontsize=8)
-    figure.suptitle(f"{result.model}: passkey retrieval")
+        axes.set_ylabel(row_name)
+        axes.set_title(name, fontsize="medium")
+        for row, line in enumerate(texts):
+            for column, text in enumerate(line):
+                axes.text(column, row, text, ha="center", va="center", fontsize=7)
+    figure.suptitle(title)
     if image is not None:
-        figure.colorbar(image, ax=panels[0].tolist(), label="keys found")
+        figure.colorbar(image, ax=axes_row[0].tolist(), label=colorbar)
     figure.savefig(path)
     plt.close(figure)
 

@@ -1,14 +1,19 @@
-"""Passkey retrieval: a random number hidden at some depth of filler text, asked back under each scaling.
+"""Passkey retrieval: a random number hidden at some depth of filler text, asked back under each
+configuration (scaling, and attention rule when one is given).
 
 The haystack is the classic one (Mohtashami and Jaggi's landmark-attention test): repeated
-sentences with nothing to learn from, so only attention to the needle can find the key. A model
-with a chat template is asked through it (the server renders it: /tokenize with messages), a base
-model through a completion prompt ending in "The pass key is"; both are then generated greedily
-from the same token ids, so each prompt is exactly as long as the grid says.
+sentences with nothing to learn from, so only attention to the needle can find the key. Each trial
+has its own key and its own filler (the sentences of every line in an order drawn for it), both
+drawn from the seed. A model with a chat template is asked through it (the server renders it:
+/tokenize with messages), a base model through a completion prompt ending in "The pass key is";
+both are then generated greedily from the same token ids, so each prompt is exactly as long as the
+grid says. A cell reports how many of its trials found the key and the 95% Wilson score interval
+of that share, which stays inside 0..1 and is honest at a handful of trials.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import time
@@ -16,20 +21,19 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from pe_client._lab import checked_card, gather_all, run_with_twin
+from pe_client._lab import SentAttention, SentScaling, checked_card, gather_all, greedy_text, run_with_twin
 from pe_client.async_client import AsyncPEClient
 from pe_client.client import PEClient
-from pe_client.grid import GridError, ScalingSpec, parse_specs
-from pe_client.scaling import PEScaling
-from pe_client.types import ChatMessage, GenerateRequest
+from pe_client.grid import AttentionSpec, Configuration, GridError, ScalingSpec, configurations
+from pe_client.haystack import noise_lines
+from pe_client.types import ChatMessage
 
 INTRO = (
     "There is an important piece of information hidden inside a lot of irrelevant text. "
     "Find it and memorize it. I will quiz you about it.\n"
 )
-FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key.\n"
 COMPLETION_QUESTION = "What is the pass key? The pass key is"
 CHAT_QUESTION = "What is the pass key? Answer with the number only."
@@ -37,28 +41,49 @@ CHAT_QUESTION = "What is the pass key? Answer with the number only."
 ANSWER_TOKENS = 16
 # Filler repetitions of the first measurement, from which the tokens per repetition are read.
 _PROBE_REPEATS = 32
+_KEYS = range(10_000, 100_000)
+# The normal quantile of a two-sided 95% interval.
+_Z_95 = 1.959963984540054
+
+
+def wilson_interval(successes: int, trials: int, z: float = _Z_95) -> tuple[float, float]:
+    """The Wilson score interval of a binomial share (95% by default).
+
+    Unlike the normal approximation it never leaves 0..1 and does not collapse to a point at 0 or
+    all successes, which is where a passkey cell with a few trials usually is.
+    """
+    share = successes / trials
+    spread = z * z / trials
+    centre = (share + spread / 2) / (1 + spread)
+    half = z * math.sqrt(share * (1 - share) / trials + spread / (4 * trials)) / (1 + spread)
+    # At none or all found the bound is exactly 0 or 1; the subtraction would leave a rounding error.
+    low = 0.0 if successes == 0 else centre - half
+    high = 1.0 if successes == trials else centre + half
+    return low, high
 
 
 class PasskeyCell(BaseModel):
-    """How many of `trials` keys the model gave back at this length, depth and scaling."""
+    """How many of `trials` keys the model gave back at this length, depth and configuration;
+    `interval` is the 95% Wilson score interval of the share found."""
 
     model_config = ConfigDict(frozen=True)
 
     length: int
     depth: float
-    scaling: PEScaling
+    scaling: SentScaling
+    attention: SentAttention = None
     trials: int
     correct: int
 
-    @field_serializer("scaling")
-    def _scaling_as_sent(self, scaling: PEScaling) -> dict[str, object]:
-        """The fields the request set, as in the SPEC's JSON (unset ones are the server's defaults)."""
-        return scaling.model_dump(mode="json", exclude_none=True)
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson_interval(self.correct, self.trials)
 
 
 class PasskeyResult(BaseModel):
-    """Cells in grid order (scaling, then length, then depth); `model`, `chat` and `wall_s` are not
-    part of the JSON the CLI prints."""
+    """Cells in grid order (configuration, then length, then depth); `model`, `chat` and `wall_s`
+    are not part of the JSON the CLI prints."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -66,6 +91,14 @@ class PasskeyResult(BaseModel):
     model: str = Field(exclude=True)
     chat: bool = Field(exclude=True)
     wall_s: float = Field(exclude=True)
+
+
+@dataclass(frozen=True)
+class _Trial:
+    """One trial's draws: the key, and the seed of its filler's sentence orders."""
+
+    key: int
+    filler_seed: int
 
 
 @dataclass(frozen=True)
@@ -84,25 +117,28 @@ async def async_passkey(
     lengths: Sequence[int],
     depths: Sequence[float],
     scalings: Sequence[ScalingSpec],
+    attentions: Sequence[AttentionSpec] | None = None,
     model: str | None = None,
     trials: int = 1,
     seed: int = 0,
     concurrency: int | None = None,
     on_cell: Callable[[bool], None] | None = None,
 ) -> PasskeyResult:
-    """Ask for a hidden key at every (length, depth), `trials` keys each, under every scaling.
+    """Ask for a hidden key at every (length, depth), `trials` keys each, under every configuration.
 
     A prompt of length L holds L − 16 tokens (room for the answer within `max_context`); depth 0
-    puts the key at the start of the filler, 1 at its end. The same keys are asked under every
-    scaling, drawn from `seed`. The grid is checked before any prompt is built (GridError).
-    `on_cell` is called with each answer's correctness as it arrives.
+    puts the key at the start of the filler, 1 at its end. Each trial's key (distinct within a
+    cell) and filler are drawn from `seed`, and the same prompts are asked under every
+    configuration: each scaling crossed with each attention rule (`attentions`, SPECs or typed
+    rules; None sends no `pe_attention`). The grid is checked before any prompt is built
+    (GridError). `on_cell` is called with each answer's correctness as it arrives.
     """
-    grid = parse_specs(scalings)
+    grid = configurations(scalings, attentions)
     if trials < 1:
         raise GridError(f"trials must be at least 1, got {trials}")
     if not depths or any(not 0.0 <= depth <= 1.0 for depth in depths):
         raise GridError(f"depths must lie between 0 and 1, got {list(depths)}")
-    card, checked = await checked_card(client, model, lengths, grid)
+    card, checked = await checked_card(client, model, lengths, [scaling for scaling, _ in grid])
     if checked[0] <= ANSWER_TOKENS * 2:
         raise GridError(
             f"length {checked[0]} leaves no room for a haystack (at least {ANSWER_TOKENS * 2 + 1})"
@@ -111,15 +147,15 @@ async def async_passkey(
     build = _PromptBuilder(client, card.name, chat)
     draw = random.Random(seed)
     probes = [
-        await build.probe(length, depth, draw.randrange(10_000, 100_000))
+        await build.probe(length, depth, trial)
         for length in checked
         for depth in depths
-        for _ in range(trials)
+        for trial in _draw_trials(draw, trials)
     ]
     started = time.perf_counter()
 
-    def job(probe: _Probe, scaling: PEScaling) -> Callable[[], Awaitable[bool]]:
-        return lambda: _answer(client, card.name, probe, scaling)
+    def job(probe: _Probe, configuration: Configuration) -> Callable[[], Awaitable[bool]]:
+        return lambda: _answer(client, card.name, probe, configuration)
 
     asked = [(index, probe) for index in range(len(grid)) for probe in probes]
     answers = await gather_all(
@@ -133,10 +169,11 @@ async def async_passkey(
             length=length,
             depth=depth,
             scaling=scaling,
+            attention=attention,
             trials=trials,
             correct=correct[index, length, depth],
         )
-        for index, scaling in enumerate(grid)
+        for index, (scaling, attention) in enumerate(grid)
         for length in checked
         for depth in depths
     ]
@@ -149,6 +186,7 @@ def passkey(
     lengths: Sequence[int],
     depths: Sequence[float],
     scalings: Sequence[ScalingSpec],
+    attentions: Sequence[AttentionSpec] | None = None,
     model: str | None = None,
     trials: int = 1,
     seed: int = 0,
@@ -163,6 +201,7 @@ def passkey(
             lengths=lengths,
             depths=depths,
             scalings=scalings,
+            attentions=attentions,
             model=model,
             trials=trials,
             seed=seed,
@@ -170,6 +209,11 @@ def passkey(
             on_cell=on_cell,
         ),
     )
+
+
+def _draw_trials(draw: random.Random, trials: int) -> list[_Trial]:
+    """One cell's trials: distinct keys, each with its own filler."""
+    return [_Trial(key, draw.getrandbits(32)) for key in draw.sample(_KEYS, trials)]
 
 
 class _PromptBuilder:
@@ -181,46 +225,41 @@ class _PromptBuilder:
         self._chat = chat
         self._tokens_per_repeat: float | None = None
 
-    async def probe(self, length: int, depth: float, key: int) -> _Probe:
+    async def probe(self, length: int, depth: float, trial: _Trial) -> _Probe:
         """The longest prompt of at most `length − ANSWER_TOKENS` tokens with the key at `depth`."""
         budget = length - ANSWER_TOKENS
-        empty = len(await self._tokens(0, depth, key))
-        per_repeat = await self._per_repeat(depth, key, empty)
+        empty = len(await self._tokens(0, depth, trial))
+        per_repeat = await self._per_repeat(depth, trial, empty)
         repeats = max(0, int((budget - empty) / per_repeat))
         while True:
-            tokens = await self._tokens(repeats, depth, key)
+            tokens = await self._tokens(repeats, depth, trial)
             if len(tokens) <= budget or repeats == 0:
                 break
             repeats -= max(1, int((len(tokens) - budget) / per_repeat))
         if len(tokens) > budget:
             raise GridError(f"length {length} is too short for the passkey prompt ({len(tokens)} tokens)")
-        return _Probe(length, depth, key, tokens)
+        return _Probe(length, depth, trial.key, tokens)
 
-    async def _per_repeat(self, depth: float, key: int, empty: int) -> float:
+    async def _per_repeat(self, depth: float, trial: _Trial, empty: int) -> float:
         if self._tokens_per_repeat is None:
-            probe = len(await self._tokens(_PROBE_REPEATS, depth, key))
+            probe = len(await self._tokens(_PROBE_REPEATS, depth, trial))
             self._tokens_per_repeat = max(1.0, (probe - empty) / _PROBE_REPEATS)
         return self._tokens_per_repeat
 
-    async def _tokens(self, repeats: int, depth: float, key: int) -> list[int]:
+    async def _tokens(self, repeats: int, depth: float, trial: _Trial) -> list[int]:
+        lines = noise_lines(trial.filler_seed, repeats)
         before = round(repeats * depth)
-        haystack = INTRO + FILLER * before + NEEDLE.format(key=key) + FILLER * (repeats - before)
+        haystack = "".join([INTRO, *lines[:before], NEEDLE.format(key=trial.key), *lines[before:]])
         if self._chat:
             message = ChatMessage(role="user", content=f"{haystack}\n{CHAT_QUESTION}")
             return await self._client.tokenize(messages=[message], model=self._model)
         return await self._client.tokenize(haystack + COMPLETION_QUESTION, model=self._model)
 
 
-async def _answer(client: AsyncPEClient, model: str, probe: _Probe, scaling: PEScaling) -> bool:
+async def _answer(client: AsyncPEClient, model: str, probe: _Probe, configuration: Configuration) -> bool:
     """Whether the first number of the greedy answer is the key."""
-    generation = await client.generate(
-        GenerateRequest(
-            tokens=probe.tokens,
-            model=model,
-            pe_scaling=scaling,
-            max_new_tokens=ANSWER_TOKENS,
-            temperature=0.0,
-        )
+    text = await greedy_text(
+        client, model=model, tokens=probe.tokens, configuration=configuration, max_new_tokens=ANSWER_TOKENS
     )
-    first_number = re.search(r"\d+", generation.text)
+    first_number = re.search(r"\d+", text)
     return first_number is not None and int(first_number.group()) == probe.key

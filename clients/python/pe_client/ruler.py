@@ -1,0 +1,270 @@
+"""RULER on a resident model: synthetic long-context tasks scored by length under every configuration.
+
+The samples (`pe_client.ruler_tasks`) are generated here, offline, and each is fitted to its length
+in the model's own tokens through the server's `/tokenize` (with the chat template when the model
+has one), so a prompt is within 10% of its length and its answer still fits `max_context`. The
+same prompts are then asked under each (scaling, attention rule) configuration, all at once so the
+server batches them, answered greedily, and scored by RULER's `string_match_all`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pe_client._lab import SentAttention, SentScaling, checked_card, gather_all, greedy_text, run_with_twin
+from pe_client.async_client import AsyncPEClient
+from pe_client.client import PEClient
+from pe_client.grid import AttentionSpec, Configuration, GridError, ScalingSpec, configurations
+from pe_client.haystack import NOISE, Haystack
+from pe_client.ruler_tasks import (
+    TASKS,
+    Fitted,
+    TaskPrompt,
+    answer_tokens,
+    check_tasks,
+    fit,
+    recipe,
+    string_match_all,
+)
+from pe_client.types import ChatMessage, ModelInfo
+
+# A prompt has at least this share of its length in tokens (and never more than the length).
+MIN_FILL = 0.9
+
+
+class RulerCell(BaseModel):
+    """One (task, length, configuration): the mean `string_match_all` of its samples, 0..1."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task: str
+    length: int
+    scaling: SentScaling
+    attention: SentAttention = None
+    samples: int
+    score: float
+
+
+class RulerSample(BaseModel):
+    """One answered sample, as `--dump` writes it: the prompt sent (the chat message for a chat
+    model), its length in tokens, the expected answers and the greedy output."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task: str
+    length: int
+    scaling: SentScaling
+    attention: SentAttention = None
+    prompt: str
+    prompt_tokens: int
+    answers: list[str]
+    output: str
+
+
+class RulerResult(BaseModel):
+    """Cells in grid order (configuration, then task, then length); `samples` (the same order,
+    samples innermost) and `chat` are not part of the JSON the CLI prints."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    cells: list[RulerCell]
+    wall_s: float
+    samples: list[RulerSample] = Field(exclude=True)
+    chat: bool = Field(exclude=True)
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    """A fitted sample ready to ask: where it belongs, its text and token ids, and the answers."""
+
+    task: str
+    length: int
+    text: str
+    tokens: list[int]
+    answers: tuple[str, ...]
+
+
+async def async_ruler(
+    client: AsyncPEClient,
+    *,
+    lengths: Sequence[int],
+    tasks: Sequence[str] = TASKS,
+    samples: int = 10,
+    scalings: Sequence[ScalingSpec] = ("none",),
+    attentions: Sequence[AttentionSpec] | None = None,
+    model: str | None = None,
+    seed: int = 0,
+    haystack: str | None = None,
+    concurrency: int | None = None,
+    on_sample: Callable[[RulerSample], None] | None = None,
+) -> RulerResult:
+    """Score `samples` samples of every task at every length under every configuration.
+
+    `tasks` are names from `TASKS`; `haystack` is the filler text of the needle and variable
+    tasks (None: RULER's noise); each scaling is crossed with each attention rule (`attentions`,
+    SPECs or typed rules; None sends no `pe_attention`). Samples are drawn from `seed`, the same
+    for every configuration. The grid is checked before any request but GET /models (GridError):
+    tasks, SPECs, lengths against `max_context` and the room each task's answer needs. All
+    prompts are fitted before the first generation. `on_sample` is called as each answer arrives.
+    """
+    checked_tasks = check_tasks(tasks)
+    if samples < 1:
+        raise GridError(f"samples must be at least 1, got {samples}")
+    grid = configurations(scalings, attentions)
+    filler = Haystack(NOISE if haystack is None else haystack)
+    card, checked = await checked_card(client, model, lengths, [scaling for scaling, _ in grid])
+    budgets = {(task, length): _budget(task, length, card) for task in checked_tasks for length in checked}
+    chat = (await client.tokenizer_info(card.name)).chat_template is not None
+
+    async def measure(prompt: TaskPrompt) -> list[int]:
+        if chat:
+            message = ChatMessage(role="user", content=prompt.chat_text)
+            return await client.tokenize(messages=[message], model=card.name)
+        return await client.tokenize(prompt.completion_text, model=card.name)
+
+    def fit_group(task: str, length: int) -> Callable[[], Awaitable[list[_Prompt]]]:
+        async def run() -> list[_Prompt]:
+            prompts: list[_Prompt] = []
+            previous: Fitted | None = None
+            for index in range(samples):
+                sample = recipe(task, seed=seed, length=length, index=index, haystack=filler)
+                try:
+                    fitted = await fit(
+                        sample,
+                        measure,
+                        budgets[task, length],
+                        start=0 if previous is None else previous.size,
+                        tokens_per_unit=1.0 if previous is None else previous.tokens_per_unit,
+                    )
+                except GridError as exc:
+                    raise GridError(f"{task} at length {length}: {exc}") from exc
+                _check_fill(task, length, len(fitted.tokens))
+                text = fitted.prompt.chat_text if chat else fitted.prompt.completion_text
+                prompts.append(_Prompt(task, length, text, fitted.tokens, fitted.prompt.answers))
+                previous = fitted
+            return prompts
+
+        return run
+
+    groups = await gather_all(
+        [fit_group(task, length) for task in checked_tasks for length in checked],
+        concurrency=concurrency,
+        on_done=None,
+    )
+    prompts = [prompt for group in groups for prompt in group]
+    started = time.perf_counter()
+
+    def job(prompt: _Prompt, configuration: Configuration) -> Callable[[], Awaitable[RulerSample]]:
+        async def run() -> RulerSample:
+            output = await greedy_text(
+                client,
+                model=card.name,
+                tokens=prompt.tokens,
+                configuration=configuration,
+                max_new_tokens=answer_tokens(prompt.task),
+            )
+            scaling, attention = configuration
+            return RulerSample(
+                task=prompt.task,
+                length=prompt.length,
+                scaling=scaling,
+                attention=attention,
+                prompt=prompt.text,
+                prompt_tokens=len(prompt.tokens),
+                answers=list(prompt.answers),
+                output=output,
+            )
+
+        return run
+
+    answered = await gather_all(
+        [job(prompt, configuration) for configuration in grid for prompt in prompts],
+        concurrency=concurrency,
+        on_done=on_sample,
+    )
+    return RulerResult(
+        model=card.name,
+        cells=_cells(grid, answered),
+        wall_s=time.perf_counter() - started,
+        samples=answered,
+        chat=chat,
+    )
+
+
+def ruler(
+    client: PEClient,
+    *,
+    lengths: Sequence[int],
+    tasks: Sequence[str] = TASKS,
+    samples: int = 10,
+    scalings: Sequence[ScalingSpec] = ("none",),
+    attentions: Sequence[AttentionSpec] | None = None,
+    model: str | None = None,
+    seed: int = 0,
+    haystack: str | None = None,
+    concurrency: int | None = None,
+    on_sample: Callable[[RulerSample], None] | None = None,
+) -> RulerResult:
+    """`async_ruler` for a blocking caller (the prompts still go out together)."""
+    return run_with_twin(
+        client,
+        lambda twin: async_ruler(
+            twin,
+            lengths=lengths,
+            tasks=tasks,
+            samples=samples,
+            scalings=scalings,
+            attentions=attentions,
+            model=model,
+            seed=seed,
+            haystack=haystack,
+            concurrency=concurrency,
+            on_sample=on_sample,
+        ),
+    )
+
+
+def _budget(task: str, length: int, card: ModelInfo) -> int:
+    """The most tokens a prompt may have: its length, less what the answer needs past `max_context`."""
+    budget = min(length, card.max_context - answer_tokens(task))
+    if budget < math.ceil(MIN_FILL * length):
+        raise GridError(
+            f"length {length}: {task}'s answer takes up to {answer_tokens(task)} tokens, so a prompt "
+            f"within {card.name}'s max_context {card.max_context} would be under 90% of the length"
+        )
+    return budget
+
+
+def _check_fill(task: str, length: int, tokens: int) -> None:
+    """A haystack whose words are very long tokens apart can leave a prompt short of its length."""
+    if tokens < math.ceil(MIN_FILL * length):
+        raise GridError(
+            f"{task} at length {length}: the closest prompt has {tokens} tokens, under 90% of the length"
+        )
+
+
+def _cells(grid: Sequence[Configuration], answered: Sequence[RulerSample]) -> list[RulerCell]:
+    """Each (configuration, task, length)'s mean score, in the order its samples were asked."""
+    scores: dict[tuple[int, str, int], list[float]] = defaultdict(list)
+    per_configuration = len(answered) // len(grid)
+    for position, sample in enumerate(answered):
+        key = (position // per_configuration, sample.task, sample.length)
+        scores[key].append(string_match_all(sample.output, sample.answers))
+    return [
+        RulerCell(
+            task=task,
+            length=length,
+            scaling=grid[index][0],
+            attention=grid[index][1],
+            samples=len(values),
+            score=math.fsum(values) / len(values),
+        )
+        for (index, task, length), values in scores.items()
+    ]
