@@ -220,11 +220,15 @@ def log_tail(log_path: Path, lines: int = 40) -> str:
 
 
 @contextlib.contextmanager
-def running_server(model_dir: Path, log_path: Path, options: ServerOptions) -> Iterator[str]:
+def running_server(
+    model_dir: Path, log_path: Path, options: ServerOptions, root: Path = REPO_ROOT
+) -> Iterator[str]:
     """A ready server subprocess for the block, stopped (SIGTERM, then SIGKILL) whatever happens.
 
     With `options.threads` its intra-op threads are pinned like the benchmark's own, so HTTP and
     in-process runs compute with the same parallelism; without, each side runs as a user starts it.
+    `root` is the checkout whose code it runs (`python -m service` imports from its working
+    directory first): another worktree runs another revision beside this one.
     """
     port = free_port()
     environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -233,7 +237,7 @@ def running_server(model_dir: Path, log_path: Path, options: ServerOptions) -> I
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, *server_command(model_dir, port, options)],
-            cwd=REPO_ROOT,
+            cwd=root,
             env=environment,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -1,7 +1,8 @@
 """`EngineCore`: the scheduler, one synchronous `step()` at a time, with no threads and no handles.
 
-A step (1) drops cancelled requests, (2) admits waiting ones while their model's batch has room
-(scoring needs no batch slot), (3) runs one decode pass for every model with decoding rows, and
+A step (1) drops cancelled requests, (2) admits waiting ones in arrival order while their model's
+KV pool has blocks for them (a generation also needs a batch slot, a document one of the
+`max_batch_size` scoring places), (3) runs one decode pass for every model with decoding rows, and
 (4) spends the step's budget (`service.engine.budget.StepBudget`: the token budget, held to a
 multiple of the decode pass's time; decode rows do not count against it) on prompt chunks and
 scoring chunks, taking the candidates round-robin so that one long document cannot starve another
@@ -16,7 +17,7 @@ own scaling down to the RoPE tables, so mixing scalings costs no extra pass.
 from __future__ import annotations
 
 import dataclasses
-import itertools
+import functools
 import logging
 import time
 from collections import deque
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+from prometheus_client import Counter
 
 from service.engine import pool_metrics
 from service.engine.batch import ModelBatch, StepOutcome
@@ -32,13 +34,13 @@ from service.engine.errors import EngineError, RequestCancelledError, RequestFai
 from service.engine.handle import Item
 from service.engine.models import ModelSpec, ServedModel
 from service.engine.sampler import sample_rows
-from service.engine.scoring import ChunkedScorer
+from service.engine.scoring import SCORE_PATHS, ChunkedScorer, cached_positions
 from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest, PEInfo, ScoreResult, ScoringRequest, Timing
 from service.model.backend import Backend, BackendChoice, choose_backend
 from service.model.fast_decode import DEFAULT_MAX_WINDOW, FastDecoder, window_bucket
 from service.model.kernels.logit_rows import logit_rows
-from service.model.paged_cache import PagedKVCache, bytes_per_token
+from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows, bytes_per_token
 from service.model.quantized import weights_of
 
 logger = logging.getLogger("service.engine.core")
@@ -89,8 +91,12 @@ class StepOutput:
 
 @dataclass
 class _ScoreJob:
+    """A document being scored, holding its row of the model's pool until it ends, however it ends."""
+
     job: Job
     request: ScoringRequest
+    pool: PagedKVCache
+    row: PagedRow
     scorer: ChunkedScorer
     started_at: float
 
@@ -115,26 +121,19 @@ class EngineCore:
             batch.fast.compile_seconds for batch in self._batches.values() if batch.fast is not None
         )
         pool_metrics.track(self)
+        for name in self._models:
+            for path in SCORE_PATHS:
+                _scored_positions().labels(name, path)  # every series from 0, for rate()
         self._waiting: dict[str, deque[Job]] = {name: deque() for name in self._models}
-        self._scoring: deque[_ScoreJob] = deque()
+        self._scoring: list[_ScoreJob] = []  # admitted documents, in arrival order
         self._cancelled: set[int] = set()
         self._turn = 0
         self._generated_total = 0
         self._output = StepOutput()
 
     def add(self, job: Job) -> None:
-        """Queue a generation for a batch slot; a scoring job needs none and joins the scoring line."""
-        if isinstance(job.request, ScoringRequest):
-            served = self._models[job.request.model]
-            scorer = ChunkedScorer(
-                served.model,
-                job.request.tokens,
-                served.effective_scaling(job.request.scaling),
-                top_logprobs=job.request.top_logprobs,
-            )
-            self._scoring.append(_ScoreJob(job, job.request, scorer, time.perf_counter()))
-        else:
-            self._waiting[job.request.model].append(job)
+        """Queue a generation or a document for its model's pool (`_admit`)."""
+        self._waiting[job.request.model].append(job)
 
     def cancel(self, key: int) -> None:
         """Drop the job at the next step, wherever it is; unknown keys are ignored."""
@@ -180,8 +179,8 @@ class EngineCore:
         for waiting in self._waiting.values():
             while waiting:
                 self._emit(waiting.popleft().key, error)
-        while self._scoring:
-            self._emit(self._scoring.popleft().job.key, error)
+        for score in list(self._scoring):
+            self._end_score(score, error)
         self._cancelled.clear()
         return self._flush()
 
@@ -199,8 +198,7 @@ class EngineCore:
                 if sequence.key in cancelled and sequence.finish_reason is None:
                     sequence.finish_reason = "cancelled"
         for score in [score for score in self._scoring if score.job.key in cancelled]:
-            self._scoring.remove(score)
-            self._emit(score.job.key, RequestCancelledError("the request was cancelled"))
+            self._end_score(score, RequestCancelledError("the request was cancelled"))
 
     def kv_pools(self) -> dict[str, PagedKVCache]:
         return {name: batch.pool for name, batch in self._batches.items()}
@@ -219,28 +217,52 @@ class EngineCore:
         ]
 
     def _admit(self, name: str) -> None:
-        """Start waiting generations while the model's batch and its KV pool have room, in order."""
+        """Start the model's waiting jobs in arrival order while its KV pool has blocks for them.
+
+        A generation reserves blocks for its whole request and needs a batch slot; a document
+        blocks for its whole length and one of the `max_batch_size` scoring places. A job without
+        a slot or place lets the ones behind it by; a job waiting for blocks holds them back, so
+        that neither short generations nor short documents starve a long one of memory.
+        """
         waiting, batch, served = self._waiting[name], self._batches[name], self._models[name]
         now = time.perf_counter()
-        while waiting and len(batch) < self.max_batch_size:
-            request = waiting[0].request
-            assert isinstance(request, GenerationRequest)
+        for job in list(waiting):
+            request = job.request
+            if isinstance(request, ScoringRequest):
+                if len(self._scoring) >= self.max_batch_size:
+                    continue
+                if not batch.pool.fits(cached_positions(request.tokens)):
+                    return
+                waiting.remove(job)
+                self._start_score(job, request, batch, now)
+                continue
+            if len(batch) >= self.max_batch_size:
+                continue
             if not batch.fits(request, served.effective_scaling(request.scaling)):
-                return  # it waits for blocks to free up; those behind it wait their turn
-            job = waiting.popleft()
+                return
+            waiting.remove(job)
             sequence = RunningSequence(job.key, request, served, job.pe, job.submitted_at)
             sequence.started_at = now
             batch.add(sequence)
 
+    def _start_score(self, job: Job, request: ScoringRequest, batch: ModelBatch, now: float) -> None:
+        """Give the document its row of the pool; its chunks run where prompt chunks do (`batch.fast`)."""
+        row = batch.pool.allocate(cached_positions(request.tokens))
+        scorer = ChunkedScorer(
+            batch.model,
+            request.tokens,
+            PagedRows(batch.pool, [row]),
+            self._models[request.model].effective_scaling(request.scaling),
+            fast=batch.fast,
+            top_logprobs=request.top_logprobs,
+        )
+        self._scoring.append(_ScoreJob(job, request, batch.pool, row, scorer, now))
+
     def _run_chunks(self, budget: int) -> int:
         """Prompt and scoring chunks, round-robin over the candidates, until the budget is spent;
-        returns the units spent.
-
-        At most `max_batch_size` documents are scored at once (each holds a KV cache while it runs);
-        the others wait their turn in arrival order.
-        """
+        returns the units spent."""
         candidates: list[ModelBatch | _ScoreJob] = [b for b in self._batches.values() if b.prefilling]
-        candidates += list(itertools.islice(self._scoring, self.max_batch_size))
+        candidates += self._scoring
         if not candidates:
             return 0
         self._turn = (self._turn + 1) % len(candidates)
@@ -260,13 +282,20 @@ class EngineCore:
         try:
             spent = score.scorer.advance(budget)
         except Exception as error:
-            self._scoring.remove(score)
-            self._emit(score.job.key, _as_engine_error(error))
+            self._end_score(score, _as_engine_error(error))
             return 0
         if not score.scorer.remaining:
-            self._scoring.remove(score)
-            self._emit(score.job.key, _score_result(score))
+            self._end_score(score, _score_result(score))
         return spent
+
+    def _end_score(self, score: _ScoreJob, item: ScoreResult | EngineError) -> None:
+        """Send the document's result or error, its blocks back to the pool, its positions to /metrics."""
+        self._scoring.remove(score)
+        score.scorer.close()
+        score.pool.release(score.row)
+        for path, positions in score.scorer.positions_by_path.items():
+            _scored_positions().labels(score.request.model, path).inc(positions)
+        self._emit(score.job.key, item)
 
     def _accept(self, outcome: StepOutcome) -> None:
         """Sample every row that ran; a row with non-finite logits or a failed pass fails alone."""
@@ -327,10 +356,23 @@ class EngineCore:
     def _flush(self) -> StepOutput:
         output, self._output = self._output, StepOutput()
         output.running = sum(map(len, self._batches.values()))
-        output.waiting = sum(map(len, self._waiting.values()))
+        jobs = [job for waiting in self._waiting.values() for job in waiting]
+        output.waiting = sum(isinstance(job.request, GenerationRequest) for job in jobs)
         output.batch_size = max((batch.decoding for batch in self._batches.values()), default=0)
         output.generated_total = self._generated_total
         return output
+
+
+@functools.cache
+def _scored_positions() -> Counter:
+    """`pe_scored_positions_total`: made by the first core, in the process that runs the engine,
+    so that an API process whose engine runs elsewhere exports no empty copy beside the engine's."""
+    return Counter(
+        "pe_scored_positions",
+        "Positions of /score documents run, by the pass that ran them: c (the C pass) or eager "
+        "(the model's own layers).",
+        ["model", "path"],
+    )
 
 
 def _model_batch(served: ServedModel, decode: DecodeSettings, max_batch_size: int) -> ModelBatch:

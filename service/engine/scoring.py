@@ -1,15 +1,31 @@
-"""Scoring: the log-probability of every token given its prefix, read in chunks through a KV cache.
+"""Scoring: the log-probability of every token given its prefix, read in chunks over a row of blocks.
 
-This is the code path behind `/score`. The engine advances a `ChunkedScorer` by a slice of its
-tokens per step, between decode passes, so a long document never stalls running streams;
-`score_tokens` runs one to the end, which is what the extrapolation benchmark measures. With a
-length-dependent scaling (dynamic NTK, LongRoPE) every position uses the table for the whole
-sequence, as one full forward pass would: every chunk is told the total length.
+This is the code path behind `/score`. A document holds a row of its model's KV block pool
+(`service.model.paged_cache`) while it is scored, as a generation does, so its memory is inside
+the pool's bound and a document waits for blocks when the pool is full. The engine advances a
+`ChunkedScorer` by a slice of its tokens per step, between decode passes, so a long document
+never stalls running streams; `score_tokens` runs one to the end on the eager pass, which is what
+the extrapolation benchmark measures and what the tests compare the served path against.
+
+Each chunk runs where a prompt chunk of the same row would: through the C pass when the model's
+fast decoder takes it (`FastDecoder.prefills`), every token of the chunk a row of the pass, which
+returns every token's final residual (`FastDecoder.prefill_hidden`); else on the model's own layers
+(`Transformer.final_hidden_stages` over the row), spread a few layers per step when even the
+smallest chunk costs more than the step allows (as prompt chunks are: the C pass runs every layer
+in one call). Either way the positions then go through the final norm and the head
+`_PROJECTION_CHUNK` at a time. With a length-dependent scaling (dynamic NTK, LongRoPE) every
+position uses the table for the whole sequence, as one full forward pass would: every chunk is
+told the total length.
+
+Scoring neither reads nor publishes the prefix cache: every position's log-probabilities need its
+hidden state, which the cache does not keep, so cached keys and values of a prefix would save no
+work.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -19,33 +35,47 @@ from service.engine.budget import ChunkPlan, chunk_cost, plan_chunk
 from service.engine.errors import RequestFailedError
 from service.engine.sampler import top_alternatives
 from service.engine.types import TopLogprobs
-from service.model.kv_cache import KVCache
+from service.model.fast_decode import FastDecoder
+from service.model.paged_cache import PagedKVCache, PagedRows
 from service.model.transformer import Stages, Transformer, run_layers
 
 # Positions projected to the vocabulary at once: bounds the [N, V] float32 logits to a few hundred
 # MiB even for 150k-token vocabularies, whatever the chunk length.
 _PROJECTION_CHUNK = 512
 
+ScorePath = Literal["c", "eager"]
+SCORE_PATHS: tuple[ScorePath, ...] = ("c", "eager")
+
+
+def cached_positions(tokens: Sequence[int]) -> int:
+    """The positions a document writes to its row: all but the last token, which is only a target."""
+    return len(tokens) - 1
+
 
 class ChunkedScorer:
-    """One scoring job in progress; its cache is allocated when it first runs."""
+    """One document being scored over `rows`, a single row of a block pool with room for
+    `cached_positions(tokens)`; `fast` runs the chunks it takes (`FastDecoder.prefills`)."""
 
     def __init__(
         self,
         model: Transformer,
         tokens: Sequence[int],
+        rows: PagedRows,
         scaling: RopeScaling | None = None,
         *,
+        fast: FastDecoder | None = None,
         top_logprobs: int = 0,
     ) -> None:
         self.model = model
-        self.scaling = scaling
+        self.rows = rows
+        self.scaling = scaling if scaling is not None else model.positions.default_scaling
+        self.fast = fast
         self.top_logprobs = top_logprobs
+        self.positions_by_path: dict[ScorePath, int] = dict.fromkeys(SCORE_PATHS, 0)
         self._tokens = list(tokens)
         self._logprobs: list[float | None] = [None]
         self._alternatives: list[TopLogprobs | None] = [None]
-        self._cache: KVCache | None = None
-        # The chunk in progress when its pass is spread over steps: its ids, plan and stages.
+        # An eager chunk in progress when its pass is spread over steps: its targets, plan and stages.
         self._spread: tuple[Tensor, ChunkPlan, Stages[Tensor]] | None = None
 
     @property
@@ -59,37 +89,39 @@ class ChunkedScorer:
 
         Raises RequestFailedError on non-finite logits.
         """
-        model = self.model
-        device = model.embed_tokens.weight.device
-        if self._cache is None:
-            self._cache = model.new_cache(1, len(self._tokens))
         if self._spread is None:
             start = len(self._logprobs) - 1
-            plan = plan_chunk(budget, 1, start, self.remaining, model.config.n_layers)
-            ids = torch.tensor(self._tokens[start : start + plan.width + 1], dtype=torch.long, device=device)
-            stages = model.final_hidden_stages(
-                ids[None, : plan.width],
+            plan = plan_chunk(budget, 1, start, self.remaining, self.model.config.n_layers)
+            chunk = self._tokens[start : start + plan.width]
+            targets = torch.tensor(self._tokens[start + 1 : start + plan.width + 1], device=self._device)
+            whole = plan.layers_per_step == plan.layers
+            if whole and self.fast is not None and self.fast.prefills(self.rows.lengths, [plan.width]):
+                residuals = self.fast.prefill_hidden(
+                    self.rows, [chunk], [plan.width], [self.scaling], [len(self._tokens)]
+                )
+                with torch.inference_mode():
+                    self._score(self.model.norm(residuals), targets, "c")
+                return plan.cost
+            stages = self.model.final_hidden_stages(
+                torch.tensor([chunk], device=self._device),
                 scaling=self.scaling,
-                cache=self._cache,
+                cache=self.rows,
                 table_lengths=[len(self._tokens)],
             )
-            self._spread = (ids, plan, stages)
-        ids, plan, stages = self._spread
+            self._spread = (targets, plan, stages)
+        targets, plan, stages = self._spread
         with torch.inference_mode():
             final = run_layers(stages, plan.layers_per_step)
-            if final is None:
-                return plan.cost_per_step
-            self._spread = None
-            hidden = final[0]  # [width, D]
-            for at in range(0, plan.width, _PROJECTION_CHUNK):
-                logprobs = _chunk_logprobs(model, hidden[at : at + _PROJECTION_CHUNK])
-                targets = ids[at + 1 : at + 1 + _PROJECTION_CHUNK]
-                self._logprobs += logprobs.gather(1, targets[:, None])[:, 0].cpu().tolist()
-                if self.top_logprobs:
-                    self._alternatives += top_alternatives(logprobs.cpu(), self.top_logprobs)
-        if not self.remaining:
-            self._cache = None  # done: the memory goes back at once, not when the job is dropped
+            if final is not None:
+                self._spread = None
+                self._score(final[0], targets, "eager")
         return plan.cost_per_step
+
+    def close(self) -> None:
+        """Drop a spread chunk's pass before the row's blocks go back to the pool."""
+        if self._spread is not None:
+            self._spread[2].close()
+            self._spread = None
 
     def result(self) -> list[float | None]:
         return list(self._logprobs)
@@ -98,12 +130,32 @@ class ChunkedScorer:
         """The most likely tokens at every position (first None), if they were asked for."""
         return list(self._alternatives) if self.top_logprobs else None
 
+    @property
+    def _device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def _score(self, hidden: Tensor, targets: Tensor, path: ScorePath) -> None:
+        """Record the log-probabilities of `targets` [N] after normed hidden states [N, D]."""
+        for at in range(0, len(targets), _PROJECTION_CHUNK):
+            logprobs = _chunk_logprobs(self.model, hidden[at : at + _PROJECTION_CHUNK])
+            picked = targets[at : at + _PROJECTION_CHUNK, None]
+            self._logprobs += logprobs.gather(1, picked)[:, 0].cpu().tolist()
+            if self.top_logprobs:
+                self._alternatives += top_alternatives(logprobs.cpu(), self.top_logprobs)
+        self.positions_by_path[path] += len(targets)
+
 
 def score_tokens(
     model: Transformer, tokens: Sequence[int], scaling: RopeScaling | None = None
 ) -> list[float | None]:
-    """`[None, log p(t1 | t0), log p(t2 | t0 t1), ...]`; `scaling=None` is the model's default."""
-    scorer = ChunkedScorer(model, tokens, scaling)
+    """`[None, log p(t1 | t0), log p(t2 | t0 t1), ...]` on the eager pass, in one chunk, over a pool
+    of its own; `scaling=None` is the model's default."""
+    weight = model.embed_tokens.weight
+    positions = cached_positions(tokens)
+    pool = PagedKVCache.within(
+        model.config, 0, min_tokens=positions, device=weight.device, dtype=weight.dtype
+    )
+    scorer = ChunkedScorer(model, tokens, PagedRows(pool, [pool.allocate(positions)]), scaling)
     while scorer.remaining:
         scorer.advance(chunk_cost(1, scorer.remaining, 0))  # a budget that fits all in one pass
     return scorer.result()

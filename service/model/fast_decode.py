@@ -284,6 +284,43 @@ class FastDecoder:
         """
         if all(count == 1 for count in counts):
             return self._step_rows(rows, [chunk[0] for chunk in chunks], scalings, table_lengths)
+        last = torch.tensor(list(itertools.accumulate(counts)), device=self._device) - 1
+        assert self.c_pass is not None  # `prefills` said so
+        with torch.inference_mode():
+            hidden = self._chunk_residuals(rows, chunks, counts, scalings, table_lengths)
+            logits = self.c_pass.output_layer(self.model.norm(hidden[last]))
+        self._advance_chunk(rows, chunks, counts, scalings, table_lengths)
+        return logits
+
+    def prefill_hidden(
+        self,
+        rows: PagedRows,
+        chunks: Sequence[Sequence[int]],
+        counts: Sequence[int],
+        scalings: Sequence[RopeScaling],
+        table_lengths: Sequence[int],
+    ) -> Tensor:
+        """The final residual [T, D] of every real chunk token (row by row, before the model's last
+        norm), from the C pass as `prefill` runs it; advances the rows (`prefills` first).
+
+        For scoring, which needs every position's log-probabilities, not only the last one's: the
+        caller projects the rows to the vocabulary in slices it chooses.
+        """
+        with torch.inference_mode():
+            hidden = self._chunk_residuals(rows, chunks, counts, scalings, table_lengths)
+        self._advance_chunk(rows, chunks, counts, scalings, table_lengths)
+        return hidden
+
+    def _chunk_residuals(
+        self,
+        rows: PagedRows,
+        chunks: Sequence[Sequence[int]],
+        counts: Sequence[int],
+        scalings: Sequence[RopeScaling],
+        table_lengths: Sequence[int],
+    ) -> Tensor:
+        """The C pass over every real chunk token as a row: the residual [T, D] after every layer.
+        Writes the tokens' keys and values, but leaves the rows' lengths to `_advance_chunk`."""
         device = self._device
         lengths = rows.lengths
         window = self._chunk_window(lengths, counts)
@@ -306,16 +343,20 @@ class FastDecoder:
             index,
             *tables[1:],
         )
-        last = torch.tensor(list(itertools.accumulate(counts)), device=device) - 1
-        assert self.c_pass is not None  # `prefills` said so
         rows.place(max(counts))
-        with torch.inference_mode():
-            # [T, D], the residual after every layer
-            hidden = self._run_in_c(inputs, logits=False, runs=counts)
-            logits = self.c_pass.output_layer(self.model.norm(hidden[last]))
+        return self._run_in_c(inputs, logits=False, runs=counts)
+
+    def _advance_chunk(
+        self,
+        rows: PagedRows,
+        chunks: Sequence[Sequence[int]],
+        counts: Sequence[int],
+        scalings: Sequence[RopeScaling],
+        table_lengths: Sequence[int],
+    ) -> None:
+        """Record a chunk that ran: each row's first `counts` tokens, under its table."""
         keys = self._table_keys(scalings, table_lengths)
         rows.advance(torch.tensor([list(chunk) for chunk in chunks]), keys, counts)
-        return logits
 
     def _table_keys(self, scalings: Sequence[RopeScaling], table_lengths: Sequence[int]) -> list[Hashable]:
         """Each row's table key, worked out once a step: the stacks and the rows both need it."""
