@@ -93,7 +93,9 @@ class ModelCatalog:
         info = self.spec(request.model).info
         if isinstance(request, GenerationRequest):
             tokens, minimum, new_tokens = request.prompt_tokens, 1, request.sampling.max_new_tokens
-            _check_sampling(request.sampling)
+            if request.resumed is not None:  # the prompt holds the tokens made before the cut too
+                minimum += request.resumed.tokens
+            _check_sampling(request.sampling, resumed=request.resumed is not None)
             check_tokens(info, request.sampling.stop_token_ids, field="stop_token_ids", minimum=0)
         else:
             tokens, minimum, new_tokens = request.tokens, MIN_SCORED_TOKENS, 0
@@ -153,10 +155,14 @@ def check_room(
         )
 
 
-def _check_sampling(params: SamplingParams) -> None:
-    """Ranges the sampler relies on (the request schemas declare them too; other callers may not)."""
+def _check_sampling(params: SamplingParams, *, resumed: bool = False) -> None:
+    """Ranges the sampler relies on (the request schemas declare them too; other callers may not).
+
+    A resumed generation's counts are what is left, which may be nothing: its stream was cut
+    between its last token and its end (`service.engine.types.Resumed`).
+    """
     problems = {
-        "max_new_tokens": params.max_new_tokens < 1,
+        "max_new_tokens": params.max_new_tokens < (0 if resumed else 1),
         "temperature": not params.temperature >= 0.0,
         "top_k": params.top_k < 0,
         "top_p": not 0.0 < params.top_p <= 1.0,

@@ -243,6 +243,9 @@ class EngineCore:
             waiting.remove(job)
             sequence = RunningSequence(job.key, request, served, job.pe, job.submitted_at)
             sequence.started_at = now
+            if sequence.finish_reason is not None:  # resumed after the token that ended it
+                self._emit(job.key, sequence.result())
+                continue
             batch.add(sequence)
 
     def _start_score(self, job: Job, request: ScoringRequest, batch: ModelBatch, now: float) -> None:

@@ -1,9 +1,12 @@
 """Turning rows of logits into next tokens, reproducibly per request and independently per row.
 
-Each request owns a `torch.Generator`, so the random numbers it draws depend only on its seed and
-how many tokens it has drawn, never on which other requests share its batch. Log-probabilities and
-top alternatives are taken from the raw distribution (before penalties, temperature, top-k, top-p
-and min-p), so they are comparable with what `/score` reports for the same tokens.
+Each token's random draw is seeded from the request's seed and the token's index in its generation
+(`draw_seed`), so it depends neither on which other requests share the batch nor on the path the
+generation took: a stream resumed after a cut at token k draws tokens k+1.. exactly as the uncut
+stream did, on this replica or another, where a generator seeded once and advanced by each draw
+would need its state carried across the cut. Log-probabilities and top alternatives are taken
+from the raw distribution (before penalties, temperature, top-k, top-p and min-p), so they are
+comparable with what `/score` reports for the same tokens.
 
 A step's rows may each ask for different controls. Every control is a row-wise operation on the
 batch's logits: rows that use one are gathered into one tensor operation, rows that do not are
@@ -36,10 +39,21 @@ class Pick(NamedTuple):
 
 
 class Sampler:
-    """One request's sampling state: its generator and the tokens its penalties look at."""
+    """One request's sampling state: its generator and the tokens its penalties look at.
+
+    `resumed`: how many of the prompt's last tokens the generation itself produced before its
+    stream was cut (`service.engine.types.Resumed`); they count as output for the OpenAI
+    penalties and for the index of each later draw. `params` then counts what is left
+    (`min_tokens`), as `generated` does.
+    """
 
     def __init__(
-        self, params: SamplingParams, *, prompt: Sequence[int] = (), eos_ids: Collection[int] = ()
+        self,
+        params: SamplingParams,
+        *,
+        prompt: Sequence[int] = (),
+        eos_ids: Collection[int] = (),
+        resumed: int = 0,
     ) -> None:
         self.params = params
         self.eos_ids = tuple(sorted(eos_ids))
@@ -47,6 +61,7 @@ class Sampler:
         self._generator: torch.Generator | None = None
         self.generated = 0
         self._prompt = tuple(prompt)
+        self._earlier = self._prompt[len(self._prompt) - resumed :]
         self._seen: Tensor | None = None  # bool [V]: prompt and output tokens (repetition penalty)
         self._counts: Tensor | None = None  # float [V]: output token counts (OpenAI penalties)
 
@@ -70,10 +85,11 @@ class Sampler:
         return enders if self.params.ignore_eos else (*enders, *self.eos_ids)
 
     def generator(self, device: torch.device) -> torch.Generator:
-        """The request's random stream, on the device its logits live on (made at the first draw)."""
+        """The generator of the next draw, on the device its logits live on, seeded for that draw's
+        index in the generation (made at the first draw, seeded again at each)."""
         if self._generator is None:
             self._generator = torch.Generator(device=device)
-            self._generator.manual_seed(self.seed)
+        self._generator.manual_seed(draw_seed(self.seed, len(self._earlier) + self.generated))
         return self._generator
 
     def seen(self, vocab: int, device: torch.device) -> Tensor:
@@ -84,7 +100,8 @@ class Sampler:
 
     def counts(self, vocab: int, device: torch.device) -> Tensor:
         if self._counts is None:
-            self._counts = torch.zeros(vocab, device=device)
+            earlier = torch.tensor([token for token in self._earlier if token < vocab], dtype=torch.long)
+            self._counts = torch.bincount(earlier, minlength=vocab).to(device=device, dtype=torch.float32)
         return self._counts
 
     def record(self, token: int) -> None:
@@ -110,6 +127,18 @@ class Sampler:
         )
         probabilities = torch.softmax(filtered, dim=-1)
         return int(torch.multinomial(probabilities, 1, generator=self.generator(logits.device)))
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def draw_seed(seed: int, index: int) -> int:
+    """The seed of draw `index` (0-based) of a request seeded `seed`: SplitMix64 of the pair, so that
+    neighbouring indices and seeds give unrelated streams."""
+    mixed = (seed + (index + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    mixed = ((mixed ^ (mixed >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    mixed = ((mixed ^ (mixed >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return mixed ^ (mixed >> 31)
 
 
 def sample_rows(

@@ -1,5 +1,11 @@
 """One generation request while it runs: how much of its prompt is cached, its sampler, its text so
-far, and when it is done. The engine core turns what it returns into events for the request."""
+far, and when it is done. The engine core turns what it returns into events for the request.
+
+A resumed generation (`GenerationRequest.resumed`) first reads the tokens it had produced before
+its stream was cut, through the same steps as a new token except the event: its text stream is
+then where the cut stream's was (text held back, stop strings that may span the cut), and if
+those tokens had ended it, it is done before it runs.
+"""
 
 from __future__ import annotations
 
@@ -39,15 +45,31 @@ class RunningSequence:
     finish_reason: FinishReason | None = None
     prefilled: int = 0  # prompt tokens in the KV cache
     cached_tokens: int = 0  # of those, read from the pool's prefix cache instead of computed
+    # The whole generation's counts: a resumed request's `sampling` counts only what is left.
+    _earlier: int = field(init=False)  # tokens produced before a cut: the prompt's last ones
+    _min_tokens: int = field(init=False)
+    _max_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.scaling = self.served.effective_scaling(self.request.scaling)
+        request, resumed = self.request, self.request.resumed
+        self.scaling = self.served.effective_scaling(request.scaling)
+        self._earlier = resumed.tokens if resumed is not None else 0
+        self._min_tokens = resumed.min_tokens if resumed is not None else request.sampling.min_tokens
+        self._max_tokens = self._earlier + request.sampling.max_new_tokens
         self.sampler = Sampler(
-            self.request.sampling, prompt=self.request.prompt_tokens, eos_ids=self.served.spec.config.eos_ids
+            request.sampling,
+            prompt=request.prompt_tokens,
+            eos_ids=self.served.spec.config.eos_ids,
+            resumed=self._earlier,
         )
         self.stream = TextStream(
-            self.served.tokenizer.decode, self.request.sampling.stop, incremental=self.request.stream
+            self.served.tokenizer.decode, request.sampling.stop, incremental=request.stream
         )
+        earlier = request.prompt_tokens[len(request.prompt_tokens) - self._earlier :]
+        for produced, token in enumerate(earlier, start=1):
+            self._advance(token, produced)
+            if self.finish_reason is not None:
+                break
 
     @property
     def prompt_remaining(self) -> int:
@@ -69,12 +91,7 @@ class RunningSequence:
         self.logprobs.append(pick.logprob)
         if pick.top_logprobs is not None:
             self.top_logprobs.append(pick.top_logprobs)
-        reason = self._finish_reason(token)
-        may_stop = len(self.tokens) >= self.request.sampling.min_tokens
-        text = self.stream.push(token, final=reason is not None, may_stop=may_stop)
-        if self.stream.stopped:
-            reason = "stop"
-        self.finish_reason = reason
+        text = self._advance(token, self._earlier + len(self.tokens))
         return TokenEvent(
             token=token,
             text=text,
@@ -85,14 +102,16 @@ class RunningSequence:
     def result(self) -> GenerationResult:
         now = time.perf_counter()
         first = self.first_token_at or now
+        prompt_tokens = len(self.request.prompt_tokens) - self._earlier
         return GenerationResult(
             tokens=tuple(self.tokens),
             text=self.stream.text,
             logprobs=tuple(self.logprobs) if self._wants_logprobs else None,
             top_logprobs=tuple(self.top_logprobs) if self.request.sampling.top_logprobs else None,
             finish_reason=self.finish_reason or "cancelled",
-            prompt_tokens=len(self.request.prompt_tokens),
-            cached_tokens=self.cached_tokens,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=min(self.cached_tokens, prompt_tokens),
+            resumed=self._earlier,
             pe=self.pe,
             timing=Timing(
                 queue_ms=_ms(self.started_at - self.submitted_at),
@@ -105,15 +124,25 @@ class RunningSequence:
     def _wants_logprobs(self) -> bool:
         return self.request.sampling.logprobs
 
-    def _finish_reason(self, token: int) -> FinishReason | None:
+    def _advance(self, token: int, produced: int) -> str:
+        """Take the generation's `produced`-th token into its text and note whether it ends it;
+        returns the text now safe to release."""
+        reason = self._finish_reason(token, produced)
+        text = self.stream.push(token, final=reason is not None, may_stop=produced >= self._min_tokens)
+        if self.stream.stopped:
+            reason = "stop"
+        self.finish_reason = reason
+        return text
+
+    def _finish_reason(self, token: int, produced: int) -> FinishReason | None:
         """EOS and stop tokens end it once min_tokens are out (the sampler blocks them before)."""
         sampling = self.request.sampling
-        if len(self.tokens) >= sampling.min_tokens:
+        if produced >= self._min_tokens:
             if token in self.served.spec.config.eos_ids and not sampling.ignore_eos:
                 return "eos"
             if token in sampling.stop_token_ids:
                 return "stop"
-        if len(self.tokens) >= sampling.max_new_tokens:
+        if produced >= self._max_tokens:
             return "length"
         return None
 

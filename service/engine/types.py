@@ -59,12 +59,29 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class Resumed:
+    """What a generation resumed after its stream was cut had already produced (docs/reliability.md).
+
+    The request's `prompt_tokens` end with those `tokens` (its client holds them; the prefix cache
+    serves them), and its `sampling` counts what is left: `max_new_tokens` and `min_tokens` less
+    those tokens, so that the KV reservation and the context checks are the uncut request's. The
+    engine treats them as output already sent: the sampler counts them (penalties, each draw's
+    index), the text stream reads them (stop strings across the cut, text held back), and one that
+    had ended the generation (a cut between the last token and the end) ends it at once.
+    `min_tokens` is the whole generation's, which says which of them could have ended it.
+    """
+
+    tokens: int
+    min_tokens: int
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """A generation job. `scaling=None` means "the model's own default scaling".
 
     `stream=False` says the caller wants only the result: the handle then yields the first token's
     event (time to first token stays observable) and the final result, which spares the engine and
-    the caller one event per token.
+    the caller one event per token. `resumed`: a stream continued after a cut (see `Resumed`).
     """
 
     request_id: str
@@ -73,6 +90,7 @@ class GenerationRequest:
     sampling: SamplingParams
     scaling: RopeScaling | None = None
     stream: bool = True
+    resumed: Resumed | None = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +182,12 @@ class Timing:
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """The final event of a generation: everything the non-streaming response needs."""
+    """The final event of a generation: everything the non-streaming response needs.
+
+    Of a resumed generation, as if it had not been cut, but for the tokens its client holds:
+    `tokens`, `logprobs` and `top_logprobs` are the new ones only, `resumed` counts the others,
+    `prompt_tokens` and `cached_tokens` are the original prompt's.
+    """
 
     tokens: tuple[int, ...]
     text: str
@@ -175,6 +198,7 @@ class GenerationResult:
     timing: Timing
     top_logprobs: tuple[TopLogprobs, ...] | None = None
     cached_tokens: int = 0  # prompt tokens whose entries came from the prefix cache
+    resumed: int = 0  # tokens generated before a cut (`Resumed.tokens`), left out of `tokens`
 
 
 @dataclass(frozen=True)

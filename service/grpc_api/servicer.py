@@ -16,6 +16,8 @@ A request id the client chose (`request_id`, else `x-request-id` metadata, read 
 the same id and body attaches to the run in progress, or gets its kept answer, through the request
 core's `RunOnce` (the same rules and bounds as HTTP). The same id with another body, or for the
 other method, is INVALID_ARGUMENT. Answers are kept serialized, so the handlers return bytes.
+A resumed stream (`resume_from`) is the exception: it runs from the tokens its client holds, on
+its own (neither shared nor kept), replacing the run it continues if that still runs here.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from service.requests.convert import token_text
 from service.requests.errors import ErrorKind, RequestError, as_request_error
 from service.requests.metrics import ServiceMetrics
 from service.requests.once import RunOnce, fingerprint_of
-from service.requests.prepare import prepare_input, prepare_scored
+from service.requests.prepare import prepare_generation, prepare_scored
 from service.requests.running import REQUEST_ID_FIELD, FirstTokenTimer, RunningRequests
 from service.requests.state import ServiceState
 
@@ -100,7 +102,8 @@ class PEServeServicer:
             fields = self._take_request_id(call, request_fields(message), context, prefix="gen")
             body = GenerateRequest.model_validate(fields)
             start = partial(self._generation, call, body)
-            async with self._once.streamed(call.once_key, start, fingerprint_of("Generate", body)) as chunks:
+            key = call.once_key if body.resume_from is None else None
+            async with self._once.streamed(key, start, fingerprint_of("Generate", body)) as chunks:
                 # Accepted: headers go out now, so a client can tell a queued request from a refused one.
                 await context.send_initial_metadata(((REQUEST_ID_KEY, call.request_id),))
                 async for chunk in chunks:
@@ -130,7 +133,7 @@ class PEServeServicer:
     def _generation(self, call: _Call, body: GenerateRequest) -> AsyncIterator[bytes]:
         """Submit the generation (raising if it is refused); its messages, serialized, as they come."""
         engine = self._state.engine_for_request()
-        prepared = prepare_input(engine, body, new_tokens=body.max_new_tokens)
+        prepared = prepare_generation(engine, body, stream=True)
         job = generate_job(call.request_id, body, prepared, stream=True)
         first_token = FirstTokenTimer(self._metrics, call.started)
         text = token_text(engine, job.model)

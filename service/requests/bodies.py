@@ -40,12 +40,25 @@ class InferenceInput(ModelSelection):
     tokens: list[TokenId] | None = Field(None, min_length=1, description="Token ids, used as given.")
 
 
+class ResumeFrom(StrictBody):
+    """Where a cut stream left off: the ids of the tokens its client received, in order."""
+
+    tokens: list[TokenId] = Field(min_length=1, description="At most max_new_tokens, in the vocabulary.")
+
+
 class GenerateRequest(InferenceInput, SamplingControls):
     max_new_tokens: int = Field(64, ge=1, description="At most the model's max_context.")
     stop: list[StopSequence] = Field(default_factory=list, max_length=MAX_STOP_SEQUENCES)
     stream: bool = False
     logprobs: bool = Field(False, description="Raw-distribution log-probability of each generated token.")
     top_logprobs: TopLogprobsCount = 0
+    resume_from: ResumeFrom | None = Field(
+        None,
+        description=(
+            "Resume a streamed generation that was cut: the rest of the stream, as if uncut, from the "
+            "tokens already received (the same tokens as uncut when greedy or seeded). Streams only."
+        ),
+    )
 
 
 class ScoreRequest(InferenceInput):

@@ -7,7 +7,9 @@ their own shapes name differently (`max_tokens` against `max_new_tokens`, `n` ch
 
 from __future__ import annotations
 
-from service.engine.types import GenerationRequest, SamplingParams, ScoringRequest
+from dataclasses import replace
+
+from service.engine.types import GenerationRequest, Resumed, SamplingParams, ScoringRequest
 from service.requests.bodies import GenerateRequest, ScoreRequest
 from service.requests.prepare import PreparedInput, Target
 from service.requests.sampling import MAX_SEED, SamplingControls
@@ -58,8 +60,8 @@ def generation_request(
 def generate_job(
     request_id: str, body: GenerateRequest, prepared: PreparedInput, *, stream: bool
 ) -> GenerationRequest:
-    """The generation a `/generate` body or a gRPC `Generate` asks for."""
-    return generation_request(
+    """The generation a `/generate` body or a gRPC `Generate` asks for (resumed, with `resume_from`)."""
+    job = generation_request(
         request_id,
         prepared.target,
         prepared.tokens,
@@ -69,6 +71,24 @@ def generate_job(
         logprobs=body.logprobs,
         top_logprobs=body.top_logprobs,
         stream=stream,
+    )
+    return resumed_job(job, prepared.resumed) if prepared.resumed else job
+
+
+def resumed_job(job: GenerationRequest, held: tuple[int, ...]) -> GenerationRequest:
+    """`job` continued after its stream was cut at `held`, the tokens its client has: they end the
+    prompt and the sampling counts what is left (`service.engine.types.Resumed`)."""
+    sampling = job.sampling
+    left = replace(
+        sampling,
+        max_new_tokens=sampling.max_new_tokens - len(held),
+        min_tokens=max(0, sampling.min_tokens - len(held)),
+    )
+    return replace(
+        job,
+        prompt_tokens=job.prompt_tokens + held,
+        sampling=left,
+        resumed=Resumed(tokens=len(held), min_tokens=sampling.min_tokens),
     )
 
 

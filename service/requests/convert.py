@@ -51,9 +51,10 @@ def timing_block(timing: Timing) -> TimingBlock:
 
 
 def usage(result: GenerationResult) -> Usage:
+    """As if the stream had not been cut: a resumed generation counts the tokens made before the cut."""
     return Usage(
         prompt_tokens=result.prompt_tokens,
-        completion_tokens=len(result.tokens),
+        completion_tokens=result.resumed + len(result.tokens),
         cached_tokens=result.cached_tokens,
     )
 

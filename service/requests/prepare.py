@@ -8,13 +8,15 @@ then whether the input fits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pe_runtime import RopeScaling
 from service.engine.catalog import MIN_SCORED_TOKENS, check_room, check_scaling_supported, check_tokens
 from service.engine.types import Engine, ModelInfo
-from service.requests.bodies import InferenceInput, ModelSelection
+from service.requests.bodies import GenerateRequest, InferenceInput, ModelSelection
 from service.requests.errors import ErrorKind, RequestError
+
+RESUME_FIELD = "resume_from"
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class Target:
 class PreparedInput:
     target: Target
     tokens: tuple[int, ...]
+    resumed: tuple[int, ...] = ()  # a resumed stream's tokens, which its client holds (`resume_from`)
 
 
 def resolve_target(engine: Engine, body: ModelSelection) -> Target:
@@ -61,6 +64,27 @@ def prepare_input(
     tokens = input_tokens(engine, target.model, given, field=field, minimum=min_tokens)
     check_room(target.model, len(tokens), field=field, new_tokens=new_tokens)
     return PreparedInput(target=target, tokens=tokens)
+
+
+def prepare_generation(engine: Engine, body: GenerateRequest, *, stream: bool) -> PreparedInput:
+    """`prepare_input` for a generation, with the tokens a resumed stream's client already holds.
+
+    `resume_from` continues a stream, so a generation that does not stream cannot have one; it
+    holds at most `max_new_tokens` tokens of the model's vocabulary.
+    """
+    prepared = prepare_input(engine, body, new_tokens=body.max_new_tokens)
+    if body.resume_from is None:
+        return prepared
+    if not stream:
+        message = "Only a streamed generation can be resumed: resume_from needs stream: true."
+        raise RequestError(ErrorKind.INVALID, message, param=RESUME_FIELD)
+    held = tuple(body.resume_from.tokens)
+    field = f"{RESUME_FIELD}.tokens"
+    if len(held) > body.max_new_tokens:
+        message = f"{field} holds {len(held)} tokens, more than max_new_tokens ({body.max_new_tokens})."
+        raise RequestError(ErrorKind.INVALID, message, param=field)
+    check_tokens(prepared.target.model, held, field=field, minimum=1)
+    return replace(prepared, resumed=held)
 
 
 def prepare_scored(engine: Engine, body: InferenceInput) -> PreparedInput:

@@ -12,6 +12,9 @@ gRPC:
   take its caller past either is refused before the engine sees it, as a full queue is (429 /
   RESOURCE_EXHAUSTED with a retry delay). A request's tokens are its prompt plus the new tokens
   it asks for, counted until its job ends.
+- One request per id: another with the id of one running is refused (CONFLICT), except a resumed
+  stream (`resume_from`), which replaces a generation of its id and route still running: the
+  stream it continues, whose client is gone though this server may not have noticed yet.
 """
 
 from __future__ import annotations
@@ -145,8 +148,12 @@ class RunningRequests:
         key = (running.caller, running.request_id)
         filed = self._running.get(key)
         if filed is not None and filed is not running:
-            message = f"A request with id {running.request_id!r} is running."
-            raise RequestError(ErrorKind.CONFLICT, message, param=REQUEST_ID_FIELD)
+            resumes = isinstance(job, GenerationRequest) and job.resumed is not None
+            if not resumes or filed.endpoint != running.endpoint:
+                message = f"A request with id {running.request_id!r} is running."
+                raise RequestError(ErrorKind.CONFLICT, message, param=REQUEST_ID_FIELD)
+            for handle in list(filed.handles):  # each leaves the ledger as it is cancelled
+                handle.cancel()
         mine = [other for (caller, _), other in self._running.items() if caller == running.caller]
         limits = self.limits
         if filed is None and limits.max_concurrent and len(mine) >= limits.max_concurrent:

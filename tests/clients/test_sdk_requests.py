@@ -110,7 +110,9 @@ def test_error_event_mid_stream_raises() -> None:
     assert "non-finite" in str(caught.value)
 
 
-def test_stream_cut_before_done_raises_connection_error() -> None:
+def test_stream_cut_before_done_raises_connection_error_when_it_may_not_resume() -> None:
     recorder = Recorder(sse(token_event(104)))
-    with pytest.raises(APIConnectionError), client_for(recorder).generate_stream(prompt="x") as stream:
+    client = client_for(recorder, max_retries=0)
+    with pytest.raises(APIConnectionError), client.generate_stream(prompt="x") as stream:
         list(stream)
+    assert len(recorder.requests) == 1

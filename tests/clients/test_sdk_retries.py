@@ -25,6 +25,7 @@ from pe_client import (
     PEClient,
     RateLimitError,
     ServiceUnavailableError,
+    StreamToken,
     UnprocessableEntityError,
 )
 from pe_client._base import RetryPolicy
@@ -205,3 +206,56 @@ def test_a_retried_stream_open_keeps_its_request_id_and_so_does_the_async_client
     script = Script(httpx.ReadError("reset"), httpx.Response(200, json=GENERATION))
     run_async(script, lambda client: client.generate(prompt="hi"))
     assert len({request.headers["x-request-id"] for request in script.requests}) == 1
+
+
+# -- a stream cut on the way is resumed from the tokens received ---------------------------------
+
+REPLICA_LOST = '{"error": {"type": "replica_lost", "message": "gone", "param": null}}'
+
+
+def events_of(script: Script, **options: object) -> tuple[list[str], int]:
+    """Event types read from one `generate_stream` through `script`, and how often it resumed."""
+    with sync_client(script, **options).generate_stream(prompt="x") as stream:
+        events = [type(event).__name__ for event in stream]
+    return events, stream.resumes
+
+
+def resume_bodies(script: Script) -> list[object]:
+    return [json.loads(request.content).get("resume_from") for request in script.requests]
+
+
+@pytest.mark.parametrize("cut", ["connection", "replica_lost"])
+def test_a_cut_stream_is_resumed_from_the_tokens_received_under_its_request_id(cut: str) -> None:
+    """Cut after token 104 (the connection ends before [DONE], or the proxy says the replica died):
+    the stream is asked for again with `resume_from`, and its reader sees one stream."""
+    first = sse(token_event(104)) if cut == "connection" else sse(token_event(104), REPLICA_LOST)
+    script = Script(first, sse(token_event(105), json.dumps(STREAM_END), "[DONE]"))
+    events, resumes = events_of(script)
+    assert events == ["StreamToken", "StreamToken", "StreamEnd"] and resumes == 1
+    assert resume_bodies(script) == [None, {"tokens": [104]}]
+    assert len({request.headers["x-request-id"] for request in script.requests}) == 1
+    assert len(script.sleeps) == 1
+
+
+def test_cuts_in_a_row_without_a_token_give_up_after_max_retries() -> None:
+    script = Script(sse(token_event(104)), sse(), sse(), sse())
+    with pytest.raises(APIConnectionError):
+        events_of(script, max_retries=2)
+    assert resume_bodies(script) == [None, {"tokens": [104]}, {"tokens": [104]}]
+
+
+def test_a_cut_after_the_end_event_is_not_resumed() -> None:
+    script = Script(sse(token_event(104), json.dumps(STREAM_END)))
+    assert events_of(script) == (["StreamToken", "StreamEnd"], 0)
+    assert len(script.requests) == 1
+
+
+def test_the_async_stream_resumes_the_same_way() -> None:
+    script = Script(sse(token_event(104)), sse(token_event(105), json.dumps(STREAM_END), "[DONE]"))
+
+    async def read(client: AsyncPEClient) -> list[int]:
+        async with client.generate_stream(prompt="x", resume_from={"tokens": [99]}) as stream:
+            return [event.token async for event in stream if isinstance(event, StreamToken)]
+
+    assert run_async(script, read) == [104, 105]
+    assert resume_bodies(script) == [{"tokens": [99]}, {"tokens": [99, 104]}], "after the tokens it held"

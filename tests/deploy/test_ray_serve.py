@@ -2,9 +2,10 @@
 
 Checks that mixed `pe` / `pe_scaling` traffic spreads over both replicas and answers exactly what a
 single pe-serve gives for the same seeds; that killing one replica's actor mid-run loses no
-request that had not started streaming (the SDK retries what the proxy answers 502) and ends the
-streams it cut with a typed error, Serve starts a new replica and later requests succeed; and
-that everything stops cleanly. Wall time and peak memory (the test process and all its descendants, Ray's
+request (the SDK retries what the proxy answers 502, and resumes on a live replica the streams
+the proxy ends with a typed `replica_lost` event, each then equal to the same generation asked
+again), Serve starts a new replica and later requests succeed; and that everything stops
+cleanly. Wall time and peak memory (the test process and all its descendants, Ray's
 included) are printed at the end of the module.
 """
 
@@ -63,6 +64,9 @@ SCALINGS: tuple[dict[str, Any] | None, ...] = (
 # What a response must agree on across servers (ids and timings differ by nature).
 COMPARED = ("model", "text", "tokens", "finish_reason", "usage", "pe")
 READY_TIMEOUT_S = 180.0
+# The replica-kill run kills once this many streams are under way, so that it cuts some.
+STREAMS_AT_THE_KILL = 4
+STREAM_TOKENS = 160
 _SAMPLE_INTERVAL_S = 0.25
 
 
@@ -393,17 +397,47 @@ class Fate(enum.Enum):
     """How one request of the replica-kill run ended, as the SDK's caller sees it."""
 
     ANSWERED = "answered"
+    RESUMED = "stream cut and resumed, answered"
     CUT_WITH_TYPED_ERROR = "stream cut, typed error event"
     LOST = "lost"
 
 
-def sdk_outcomes(
-    base_url: str, bodies: list[dict[str, Any]], streamed: set[int], concurrency: int, attempts: Counter[int]
-) -> list[Fate]:
-    """Each body sent through the SDK (its default retries), the ones in `streamed` as streams;
-    `attempts` counts the statuses of every attempt, retries included."""
+@dataclass
+class SdkOutcome:
+    fate: Fate
+    tokens: list[int] | None = None  # what the caller received
+    error: str | None = None
 
-    async def run() -> list[Fate]:
+
+@dataclass
+class StreamsInFlight:
+    """Streams between their first event and their end; `enough` is set once `wanted` are."""
+
+    wanted: int
+    count: int = 0
+    enough: threading.Event = field(default_factory=threading.Event)
+
+    def started(self) -> None:
+        self.count += 1
+        if self.count >= self.wanted:
+            self.enough.set()
+
+    def ended(self) -> None:
+        self.count -= 1
+
+
+def sdk_outcomes(
+    base_url: str,
+    bodies: list[dict[str, Any]],
+    streamed: set[int],
+    concurrency: int,
+    attempts: Counter[int],
+    in_flight: StreamsInFlight,
+) -> list[SdkOutcome]:
+    """Each body sent through the SDK (its default retries and resumes), the ones in `streamed` as
+    streams; `attempts` counts the statuses of every attempt, retries and resumes included."""
+
+    async def run() -> list[SdkOutcome]:
         gate = asyncio.Semaphore(concurrency)
 
         async def count(response: httpx.Response) -> None:
@@ -412,46 +446,61 @@ def sdk_outcomes(
         http = httpx.AsyncClient(event_hooks={"response": [count]})
         async with http, AsyncPEClient(base_url, timeout=120.0, http_client=http) as client:
 
-            async def one(index: int) -> Fate:
+            async def one(index: int) -> SdkOutcome:
                 async with gate:
                     try:
                         if index not in streamed:
-                            await client.generate(**bodies[index])
-                            return Fate.ANSWERED
+                            return SdkOutcome(Fate.ANSWERED, (await client.generate(**bodies[index])).tokens)
                         async with client.generate_stream(**bodies[index]) as stream:
                             async for _ in stream:
-                                pass
-                        return Fate.ANSWERED
+                                if len(stream.tokens) == 1:
+                                    in_flight.started()
+                        in_flight.ended()
+                        return SdkOutcome(Fate.RESUMED if stream.resumes else Fate.ANSWERED, stream.tokens)
                     except APIStreamError as error:
-                        return Fate.CUT_WITH_TYPED_ERROR if error.type == PROXY_ERROR_TYPE else Fate.LOST
-                    except APIError:
-                        return Fate.LOST
+                        cut = error.type == PROXY_ERROR_TYPE
+                        return SdkOutcome(Fate.CUT_WITH_TYPED_ERROR if cut else Fate.LOST, error=repr(error))
+                    except APIError as error:
+                        return SdkOutcome(Fate.LOST, error=repr(error))
 
             return await asyncio.gather(*(one(index) for index in range(len(bodies))))
 
     return asyncio.run(run())
 
 
-def test_a_killed_replica_loses_no_request_that_was_not_streaming_and_is_replaced(
+def kill_run_body(index: int, *, streamed: bool) -> dict[str, Any]:
+    """Request `index` of the replica-kill run: 32 new tokens, or `STREAM_TOKENS` for a stream, so
+    that streams are under way when the kill comes (the learned table is stretched to hold them)."""
+    body = request_body(index) | {"max_new_tokens": STREAM_TOKENS if streamed else 32}
+    if streamed and body["pe"] == "learned":
+        body["pe_scaling"] = {"type": "linear", "factor": 4.0}
+    return body
+
+
+def test_a_killed_replica_loses_no_request_streams_included_and_is_replaced(
     ray_app: RayApp, pytestconfig: pytest.Config
 ) -> None:
-    """96 requests through the SDK, one in four streamed, one replica killed a second in.
+    """96 requests through the SDK, one in four streamed (longer), one replica killed while streams
+    run.
 
-    A request that had not started streaming is answered, by retry if need be: Serve's proxy
-    answers 502 for it (`deploy/ray/proxy.py`) and the SDK sends it again under the same request
-    id. A stream the dead replica was writing ends with a typed error event, never silently.
+    None is lost. A request that had not started streaming is answered, by retry if need be:
+    Serve's proxy answers 502 for it (`deploy/ray/proxy.py`) and the SDK sends it again under the
+    same request id. A stream the dead replica was writing gets a typed `replica_lost` event from
+    the proxy, and the SDK resumes it on a live replica from the tokens it had (`resume_from`):
+    its caller reads one stream, the same tokens as the generation asked for again afterwards
+    (the bodies are seeded).
     """
     before = replica_actors()
     assert len(before) == REPLICAS
     victim_id, victim = next(iter(before.items()))
-    bodies = [request_body(index) | {"max_new_tokens": 32} for index in range(96)]
-    streamed = set(range(0, len(bodies), 4))
+    streamed = set(range(0, 96, 4))
+    bodies = [kill_run_body(index, streamed=index in streamed) for index in range(96)]
     killed = threading.Event()
-
+    in_flight = StreamsInFlight(wanted=STREAMS_AT_THE_KILL)
     killed_at: list[float] = []
 
     def kill_once_traffic_flows() -> None:
-        time.sleep(1.0)
+        in_flight.enough.wait(timeout=60.0)
         ray.kill(victim, no_restart=True)
         killed_at.append(time.monotonic())
         killed.set()
@@ -459,13 +508,13 @@ def test_a_killed_replica_loses_no_request_that_was_not_streaming_and_is_replace
     killer = threading.Thread(target=kill_once_traffic_flows)
     killer.start()
     attempts: Counter[int] = Counter()
-    fates = sdk_outcomes(ray_app.base_url, bodies, streamed, 8, attempts)
+    outcomes = sdk_outcomes(ray_app.base_url, bodies, streamed, 8, attempts, in_flight)
     killer.join()
     assert killed.is_set()
-    plain = Counter(fate for index, fate in enumerate(fates) if index not in streamed)
-    streams = Counter(fate for index, fate in enumerate(fates) if index in streamed)
+    plain = Counter(outcome.fate for index, outcome in enumerate(outcomes) if index not in streamed)
+    streams = Counter(outcome.fate for index, outcome in enumerate(outcomes) if index in streamed)
     assert plain == {Fate.ANSWERED: len(bodies) - len(streamed)}, plain
-    assert Fate.LOST not in streams, streams
+    assert set(streams) <= {Fate.ANSWERED, Fate.RESUMED}, [outcome.error for outcome in outcomes]
 
     def replaced() -> bool:
         current = replica_actors()
@@ -478,11 +527,16 @@ def test_a_killed_replica_loses_no_request_that_was_not_streaming_and_is_replace
     assert [outcome.status for outcome in after] == [200] * CONCURRENT
     served_after = Counter(outcome.replica for outcome in after)
     assert newcomer in served_after, served_after
+    again = send_all(ray_app.base_url, [bodies[index] for index in sorted(streamed)], CONCURRENT)
+    for index, answer in zip(sorted(streamed), again, strict=True):
+        assert answer.body is not None and outcomes[index].tokens == answer.body["tokens"], index
     report(
         pytestconfig,
         f"deploy/ray replica kill: {len(bodies) - len(streamed)} plain requests: "
         f"{plain[Fate.ANSWERED]} answered, {plain[Fate.LOST]} lost; {len(streamed)} streams: "
-        f"{streams[Fate.ANSWERED]} answered, {streams[Fate.CUT_WITH_TYPED_ERROR]} cut with a typed error, "
+        f"{streams[Fate.ANSWERED] + streams[Fate.RESUMED]} answered ({streams[Fate.RESUMED]} of them "
+        f"resumed after a cut, each equal to the generation asked again), "
+        f"{streams[Fate.CUT_WITH_TYPED_ERROR]} cut with a typed error, "
         f"{streams[Fate.LOST]} lost; attempts by status {dict(attempts)}; "
         f"after the restart {CONCURRENT}/{CONCURRENT} succeeded, "
         f"by replica {dict(served_after)}; replacement running {replaced_after_s:.1f} s after the kill",

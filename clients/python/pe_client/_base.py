@@ -11,7 +11,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -23,6 +23,7 @@ from pe_client.errors import (
     APIConnectionError,
     APIError,
     APIStatusError,
+    APIStreamError,
     APITimeoutError,
     status_error_class,
 )
@@ -33,6 +34,9 @@ DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 DEFAULT_MAX_RETRIES = 2
 RETRYABLE_STATUSES = frozenset({408, 429, 502, 503, 504})
 REQUEST_ID_HEADER = "x-request-id"
+# Error events that mean the server streaming went away, not that the request failed: the stream
+# is resumed elsewhere or later. (`request_cancelled` is not one: it is also an owner's abort.)
+RESUMABLE_STREAM_ERRORS = frozenset({"replica_lost", "service_unavailable"})
 
 RequestT = TypeVar("RequestT", bound=BaseModel)
 
@@ -67,6 +71,19 @@ class RetryPolicy:
                 return retry_after
         backoff = min(self.initial_delay_s * 2.0**retries_taken, self.max_delay_s)
         return backoff * (1.0 - 0.25 * self.jitter())
+
+    def resume_delay_or_raise(self, cuts: int, error: APIError) -> float:
+        """Seconds to wait before resuming a stream cut by `error`, the `cuts`-th cut in a row with
+        no token between; raises `error` when it is no cut to resume.
+
+        A cut is what would be retried before the stream began (a broken connection, a 503), or
+        an error event saying the server went away (`RESUMABLE_STREAM_ERRORS`); another error
+        event is the request's own failure. Counting only cuts in a row bounds a stream that
+        makes no progress, while a long one survives any number of cuts it recovers from.
+        """
+        if isinstance(error, APIStreamError) and error.type not in RESUMABLE_STREAM_ERRORS:
+            raise error
+        return self.delay_or_raise(cuts, error)
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -118,6 +135,16 @@ def build_body(
     return validated.model_copy(update=fixed).model_dump(mode="json", exclude_none=True)
 
 
+def resumed_body(body: Mapping[str, object], received: Sequence[int]) -> Mapping[str, object]:
+    """The body that resumes a stream cut after `received` (the body itself before any token),
+    after the tokens a hand-made `resume_from` already held."""
+    if not received:
+        return body
+    held = body.get("resume_from")
+    earlier = list(held["tokens"]) if isinstance(held, Mapping) else []
+    return {**body, "resume_from": {"tokens": [*earlier, *received]}}
+
+
 class BaseClient:
     """Settings and request construction common to `PEClient` and `AsyncPEClient`."""
 
@@ -135,16 +162,26 @@ class BaseClient:
         self.retry_policy = RetryPolicy(max_retries=max_retries)
 
     def _headers(self) -> dict[str, str]:
-        """A fresh `X-Request-ID` per call: its retries resend the same request, so the server
-        runs it once however many attempts reach it."""
+        """A fresh `X-Request-ID` per call: its retries (and a stream's resumes) resend the same
+        request, so the server runs it once however many attempts reach it."""
         headers = {"user-agent": f"pe-client/{__version__}", REQUEST_ID_HEADER: uuid.uuid4().hex}
         if self.api_key:
             headers["authorization"] = f"Bearer {self.api_key}"
         return headers
 
     def _build_request(
-        self, http: httpx.Client | httpx.AsyncClient, method: str, path: str, body: object = None
+        self,
+        http: httpx.Client | httpx.AsyncClient,
+        method: str,
+        path: str,
+        body: object = None,
+        headers: Mapping[str, str] | None = None,
     ) -> httpx.Request:
+        """`headers`: the call's own (`_headers()`), where it sends more than one request."""
         return http.build_request(
-            method, self.base_url + path, json=body, headers=self._headers(), timeout=self.timeout
+            method,
+            self.base_url + path,
+            json=body,
+            headers=headers if headers is not None else self._headers(),
+            timeout=self.timeout,
         )

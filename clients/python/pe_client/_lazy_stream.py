@@ -9,25 +9,70 @@ It keeps one generator for its whole life: `next(iter(stream))` must not start (
 close) a fresh one each time, or reading one event would end the generation. Leaving the `with`
 block early, breaking out of the loop or an error closes the transport, and the server sees the
 disconnect and frees the batch slot.
+
+A stream that is cut (the connection breaks, or the server says it went away: `replica_lost`)
+is resumed: the transport is opened again with the tokens received so far (`resume_from`), after
+the retry policy's wait, and the reader goes on reading events as if nothing happened. The server
+continues the generation from those tokens, the same tokens an uncut stream would have brought
+when it is greedy or seeded. The policy's `max_retries` bounds the cuts in a row with no token
+between them (`RetryPolicy.resume_delay_or_raise`); `resumes` counts them all.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Generic, Self, TypeVar
 
-from pe_client.types import StreamEvent
+from pe_client._base import RetryPolicy
+from pe_client.errors import APIError
+from pe_client.types import StreamEnd, StreamEvent, StreamToken
 
 Transport = TypeVar("Transport")
+# Starts the transport of a stream that holds these tokens already: none, or those before a cut.
+OpenTransport = Callable[[Sequence[int]], Transport]
 
 
-class LazyStream(ABC, Generic[Transport]):
-    """A blocking stream of events over a transport that `open_transport()` starts."""
+class _Progress:
+    """What both stream kinds know of their events: the tokens received, whether the end came, and
+    how often the stream was resumed; `_cut()` says how long to wait before resuming, or raises."""
 
-    def __init__(self, open_transport: Callable[[], Transport]) -> None:
+    def __init__(self, retry_policy: RetryPolicy) -> None:
+        self.tokens: list[int] = []
+        self.resumes = 0
+        self._retry_policy = retry_policy
+        self._cuts = 0  # in a row, with no token between them
+        self._ended = False
+
+    def _note(self, event: StreamEvent) -> None:
+        if isinstance(event, StreamToken):
+            self.tokens.append(event.token)
+            self._cuts = 0
+        self._ended = isinstance(event, StreamEnd)
+
+    def _cut(self, error: APIError) -> float | None:
+        """Seconds before resuming after `error`; None when the end had come (nothing is missing)."""
+        if self._ended:
+            return None
+        delay = self._retry_policy.resume_delay_or_raise(self._cuts, error)
+        self._cuts += 1
+        self.resumes += 1
+        return delay
+
+
+class LazyStream(_Progress, ABC, Generic[Transport]):
+    """A blocking stream of events over a transport that `open_transport(tokens held)` starts."""
+
+    def __init__(
+        self,
+        open_transport: OpenTransport[Transport],
+        retry_policy: RetryPolicy,
+        sleep: Callable[[float], None],
+    ) -> None:
+        _Progress.__init__(self, retry_policy)
         self._open_transport = open_transport
+        self._sleep = sleep
         self._transport: Transport | None = None
         self._events: Iterator[StreamEvent] | None = None
 
@@ -41,7 +86,7 @@ class LazyStream(ABC, Generic[Transport]):
 
     def _opened(self) -> Transport:
         if self._transport is None:
-            self._transport = self._open_transport()
+            self._transport = self._open_transport(self.tokens)
         return self._transport
 
     def __enter__(self) -> Self:
@@ -62,9 +107,21 @@ class LazyStream(ABC, Generic[Transport]):
         return next(self._events)
 
     def _read_events(self) -> Iterator[StreamEvent]:
-        transport = self._opened()
         try:
-            yield from self._events_from(transport)
+            while True:
+                transport = self._opened()  # a failure to open is final: opening has its own retries
+                try:
+                    for event in self._events_from(transport):
+                        self._note(event)
+                        yield event
+                    return
+                except APIError as error:
+                    delay = self._cut(error)
+                if delay is None:
+                    return
+                self.close()
+                self._transport = None
+                self._sleep(delay)
         finally:
             self.close()
 
@@ -74,11 +131,18 @@ class LazyStream(ABC, Generic[Transport]):
             self._release(self._transport)
 
 
-class AsyncLazyStream(ABC, Generic[Transport]):
+class AsyncLazyStream(_Progress, ABC, Generic[Transport]):
     """The asyncio twin of `LazyStream`: `async with` and `async for`."""
 
-    def __init__(self, open_transport: Callable[[], Awaitable[Transport]]) -> None:
+    def __init__(
+        self,
+        open_transport: OpenTransport[Awaitable[Transport]],
+        retry_policy: RetryPolicy,
+        sleep: Callable[[float], Awaitable[None]],
+    ) -> None:
+        _Progress.__init__(self, retry_policy)
         self._open_transport = open_transport
+        self._sleep = sleep
         self._transport: Transport | None = None
         self._events: AsyncIterator[StreamEvent] | None = None
 
@@ -92,7 +156,7 @@ class AsyncLazyStream(ABC, Generic[Transport]):
 
     async def _opened(self) -> Transport:
         if self._transport is None:
-            self._transport = await self._open_transport()
+            self._transport = await self._open_transport(self.tokens)
         return self._transport
 
     async def __aenter__(self) -> Self:
@@ -113,10 +177,21 @@ class AsyncLazyStream(ABC, Generic[Transport]):
         return await anext(self._events)
 
     async def _read_events(self) -> AsyncIterator[StreamEvent]:
-        transport = await self._opened()
         try:
-            async for event in self._events_from(transport):
-                yield event
+            while True:
+                transport = await self._opened()  # a failure to open is final, as in `LazyStream`
+                try:
+                    async for event in self._events_from(transport):
+                        self._note(event)
+                        yield event
+                    return
+                except APIError as error:
+                    delay = self._cut(error)
+                if delay is None:
+                    return
+                await self._let_go()
+                self._transport = None
+                await self._sleep(delay)
         finally:
             await self._let_go()
 

@@ -16,6 +16,7 @@ from pe_client._base import (
     BaseClient,
     build_body,
     connection_error,
+    resumed_body,
     status_error,
 )
 from pe_client.errors import APIConnectionError, APIError
@@ -65,10 +66,17 @@ class AsyncPEClient(BaseClient):
     def generate_stream(
         self, request: GenerateRequest | None = None, /, **params: Unpack[GenerateParams]
     ) -> AsyncStream:
-        """Stream a completion; the request is sent when the stream is entered or iterated."""
+        """Stream a completion; the request is sent when the stream is entered or iterated, and
+        resumed if it is cut (see `PEClient.generate_stream`)."""
         body = build_body(GenerateRequest, request, params, stream=True)
+        headers = self._headers()  # one request id for the call, resumes included
         return AsyncStream(
-            lambda: self._send(self._build_request(self._http, "POST", "/generate", body), stream=True)
+            lambda held: self._send(
+                self._build_request(self._http, "POST", "/generate", resumed_body(body, held), headers),
+                stream=True,
+            ),
+            self.retry_policy,
+            self._sleep,
         )
 
     async def score(

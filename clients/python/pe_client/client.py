@@ -16,6 +16,7 @@ from pe_client._base import (
     BaseClient,
     build_body,
     connection_error,
+    resumed_body,
     status_error,
 )
 from pe_client.errors import APIConnectionError, APIError
@@ -71,10 +72,20 @@ class PEClient(BaseClient):
     def generate_stream(
         self, request: GenerateRequest | None = None, /, **params: Unpack[GenerateParams]
     ) -> Stream:
-        """Stream a completion token by token; the request is sent when the stream is entered or iterated."""
+        """Stream a completion token by token; the request is sent when the stream is entered or iterated.
+
+        A stream cut on the way (the connection lost, the server gone) is resumed from the tokens
+        received, under the retry policy: the loop reading it sees one stream.
+        """
         body = build_body(GenerateRequest, request, params, stream=True)
+        headers = self._headers()  # one request id for the call, resumes included
         return Stream(
-            lambda: self._send(self._build_request(self._http, "POST", "/generate", body), stream=True)
+            lambda held: self._send(
+                self._build_request(self._http, "POST", "/generate", resumed_body(body, held), headers),
+                stream=True,
+            ),
+            self.retry_policy,
+            self._sleep,
         )
 
     def score(self, request: ScoreRequest | None = None, /, **params: Unpack[ScoreParams]) -> ScoreResponse:

@@ -1,6 +1,8 @@
 """Server-sent event streams of `/generate`, as iterators that are also context managers.
 
-How a stream opens and closes is `pe_client._lazy_stream`'s; this module reads the events.
+How a stream opens, closes and resumes after a cut is `pe_client._lazy_stream`'s; this module
+reads the events of one response. A response cut in the middle of an event leaves that event
+unread: the resumed stream sends it again.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import httpx
 
-from pe_client._base import connection_error
-from pe_client._lazy_stream import AsyncLazyStream, LazyStream
+from pe_client._base import RetryPolicy, connection_error
+from pe_client._lazy_stream import AsyncLazyStream, LazyStream, OpenTransport
 from pe_client.errors import APIConnectionError, APIStreamError
 from pe_client.types import ErrorBody, StreamEnd, StreamEvent, StreamToken
 
@@ -45,6 +47,10 @@ class _StreamState:
         self._decoder = SSEDecoder()
         self._done = False
 
+    def _start_response(self) -> None:
+        """A response begins: nothing of an event the last one left unfinished is kept."""
+        self._decoder = SSEDecoder()
+
     def _accept(self, line: str, request: httpx.Request) -> StreamEvent | None:
         """The event a line completes, if any; raises `APIStreamError` for a server error event."""
         payload = self._decoder.feed(line)
@@ -72,11 +78,17 @@ class _StreamState:
 class Stream(_StreamState, LazyStream[httpx.Response]):
     """Token events then one `StreamEnd`; use as `with client.generate_stream(...) as stream:`."""
 
-    def __init__(self, open_response: Callable[[], httpx.Response]) -> None:
+    def __init__(
+        self,
+        open_response: OpenTransport[httpx.Response],
+        retry_policy: RetryPolicy,
+        sleep: Callable[[float], None],
+    ) -> None:
         _StreamState.__init__(self)
-        LazyStream.__init__(self, open_response)
+        LazyStream.__init__(self, open_response, retry_policy, sleep)
 
     def _events_from(self, response: httpx.Response) -> Iterator[StreamEvent]:
+        self._start_response()
         try:
             for line in response.iter_lines():
                 event = self._accept(line, response.request)
@@ -95,11 +107,17 @@ class Stream(_StreamState, LazyStream[httpx.Response]):
 class AsyncStream(_StreamState, AsyncLazyStream[httpx.Response]):
     """Async twin of `Stream`; use as `async with client.generate_stream(...) as stream:`."""
 
-    def __init__(self, open_response: Callable[[], Awaitable[httpx.Response]]) -> None:
+    def __init__(
+        self,
+        open_response: OpenTransport[Awaitable[httpx.Response]],
+        retry_policy: RetryPolicy,
+        sleep: Callable[[float], Awaitable[None]],
+    ) -> None:
         _StreamState.__init__(self)
-        AsyncLazyStream.__init__(self, open_response)
+        AsyncLazyStream.__init__(self, open_response, retry_policy, sleep)
 
     async def _events_from(self, response: httpx.Response) -> AsyncIterator[StreamEvent]:
+        self._start_response()
         try:
             async for line in response.aiter_lines():
                 event = self._accept(line, response.request)

@@ -48,12 +48,20 @@ class ScoreRequest(_Request):
     top_logprobs: int | None = None
 
 
+class ResumeFrom(_Request):
+    """Where a cut stream left off: the ids of the tokens received, in order."""
+
+    tokens: list[int]
+
+
 class GenerateRequest(ScoreRequest):
     """A generation; fields left unset take the server's defaults (each control off).
 
     `repetition_penalty` follows transformers (1 is off), `presence_penalty` and
     `frequency_penalty` OpenAI (-2..2); before `min_tokens` tokens, EOS, `stop_token_ids` and stop
     strings end nothing; `top_logprobs` (0..20) asks for that many alternatives per token.
+    `resume_from` continues a stream that was cut after those tokens; the SDK's streams set it
+    themselves when they resume, so it is only for a stream resumed by hand.
     """
 
     max_new_tokens: int | None = None
@@ -71,6 +79,7 @@ class GenerateRequest(ScoreRequest):
     ignore_eos: bool | None = None
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
+    resume_from: ResumeFrom | None = None
 
 
 class ScoreParams(TypedDict, total=False):
@@ -101,6 +110,7 @@ class GenerateParams(ScoreParams, total=False):
     ignore_eos: bool
     min_tokens: int
     stop_token_ids: list[int]
+    resume_from: ResumeFrom | dict[str, list[int]]
 
 
 class Usage(_Response):

@@ -17,7 +17,7 @@ from service.engine.types import GenerationResult
 from service.requests.bodies import GenerateRequest
 from service.requests.build import generate_job
 from service.requests.convert import generate_response, token_text
-from service.requests.prepare import prepare_input
+from service.requests.prepare import prepare_generation
 from service.requests.responses import GenerateResponse
 
 router = APIRouter(tags=["inference"], dependencies=[Depends(require_json)])
@@ -36,7 +36,7 @@ GENERATE_EXAMPLES = {
 _STREAM_DESCRIPTION = (
     'With `stream: true`, `text/event-stream`: `data: {"token", "text"}` per token, a final '
     '`data: {"finish_reason", "usage", ...}`, then `data: [DONE]`; a late failure is a '
-    '`data: {"error": {...}}` event.'
+    '`data: {"error": {...}}` event. With `resume_from`, the events after the tokens it holds.'
 )
 
 
@@ -60,7 +60,7 @@ async def generate(
     submission: SubmissionDep,
 ) -> Response:
     """Generate from `prompt` or `tokens` on the model picked by `model` / `pe`, scaled by `pe_scaling`."""
-    prepared = prepare_input(engine, body, new_tokens=body.max_new_tokens)
+    prepared = prepare_generation(engine, body, stream=body.stream)
     response_id = f"gen-{uuid.uuid4().hex}"
     job = generate_job(response_id, body, prepared, stream=body.stream)
     text = token_text(engine, job.model)

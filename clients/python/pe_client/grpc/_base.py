@@ -4,14 +4,15 @@ Arguments are checked and filled by the HTTP client's own request models (`build
 follow the same `RetryPolicy` (UNAVAILABLE and RESOURCE_EXHAUSTED are its 503 and 429, and the
 server's `retry-after` metadata is its `Retry-After` header), and errors are the same classes.
 A call's `request_id` is chosen once, in its message, and every retry resends that message: the
-server answers a retry of a request it already ran, or is running, from that one run.
+server answers a retry of a request it already ran, or is running, from that one run. A stream
+resumed after a cut sends it too, with the tokens received (`resumed_message`).
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -138,6 +139,17 @@ def generate_message(
     )
 
 
+def resumed_message(message: pb.GenerateRequest, received: Sequence[int]) -> pb.GenerateRequest:
+    """The message that resumes a stream cut after `received` (the message itself before any token),
+    after the tokens a hand-made `resume_from` already held."""
+    if not received:
+        return message
+    resumed = pb.GenerateRequest()
+    resumed.CopyFrom(message)
+    resumed.resume_from.tokens.extend(received)
+    return resumed
+
+
 def score_message(
     request: ScoreRequest | None, params: ScoreParams, request_id: str | None
 ) -> pb.ScoreRequest:
@@ -160,16 +172,18 @@ def model_list(message: pb.ListModelsResponse) -> list[ModelInfo]:
 
 
 class GrpcStreamState:
-    """What both stream kinds accumulate: the tokens, text, logprobs and alternatives so far, and the end.
+    """What both stream kinds accumulate: the text, logprobs and alternatives so far, and the end
+    (the tokens are the lazy stream's, which resumes with them).
 
     A chunk's `top_logprobs` is an empty repeated field when none were asked for; it becomes None,
     as the HTTP stream leaves the key out.
     """
 
+    tokens: list[int]
+
     def __init__(self, message: pb.GenerateRequest) -> None:
         self.request_id = message.request_id
         self.text = ""
-        self.tokens: list[int] = []
         self.logprobs: list[float] | None = [] if message.logprobs else None
         self.top_logprobs: list[list[TopLogprob]] | None = [] if message.top_logprobs else None
         self.final: StreamEnd | None = None
@@ -183,7 +197,6 @@ class GrpcStreamState:
             fields["top_logprobs"] = None
         token = StreamToken.model_validate(fields)
         self.text += token.text
-        self.tokens.append(token.token)
         if self.logprobs is not None and token.logprob is not None:
             self.logprobs.append(token.logprob)
         if self.top_logprobs is not None and token.top_logprobs is not None:

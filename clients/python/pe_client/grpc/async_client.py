@@ -9,8 +9,8 @@ from typing import Any, Self, Unpack
 
 import grpc
 
-from pe_client._base import DEFAULT_MAX_RETRIES
-from pe_client._lazy_stream import AsyncLazyStream
+from pe_client._base import DEFAULT_MAX_RETRIES, RetryPolicy
+from pe_client._lazy_stream import AsyncLazyStream, OpenTransport
 from pe_client.errors import APIError
 from pe_client.grpc import pe_serve_pb2 as pb
 from pe_client.grpc._base import (
@@ -20,6 +20,7 @@ from pe_client.grpc._base import (
     channel_options,
     generate_message,
     model_list,
+    resumed_message,
     rpc_error,
     score_message,
     score_response,
@@ -39,15 +40,19 @@ from pe_client.types import (
     StreamEvent,
 )
 
-OpenCall = Callable[[], Awaitable[Any]]
-
 
 class AsyncGrpcStream(GrpcStreamState, AsyncLazyStream[Any]):
     """Async twin of `GrpcStream`; `async with client.generate_stream(...) as stream:`."""
 
-    def __init__(self, message: pb.GenerateRequest, open_call: OpenCall) -> None:
+    def __init__(
+        self,
+        message: pb.GenerateRequest,
+        open_call: OpenTransport[Awaitable[Any]],
+        retry_policy: RetryPolicy,
+        sleep: Callable[[float], Awaitable[None]],
+    ) -> None:
         GrpcStreamState.__init__(self, message)
-        AsyncLazyStream.__init__(self, open_call)
+        AsyncLazyStream.__init__(self, open_call, retry_policy, sleep)
 
     async def _events_from(self, call: Any) -> AsyncIterator[StreamEvent]:
         try:
@@ -128,7 +133,12 @@ class AsyncGrpcPEClient(BaseGrpcClient):
     ) -> AsyncGrpcStream:
         """Stream a completion; the call starts when the stream is entered or iterated."""
         message = generate_message(request, params, request_id)
-        return AsyncGrpcStream(message, lambda: self._open_stream(message))
+        return AsyncGrpcStream(
+            message,
+            lambda held: self._open_stream(resumed_message(message, held)),
+            self.retry_policy,
+            self._sleep,
+        )
 
     async def score(
         self,

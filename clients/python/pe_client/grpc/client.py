@@ -9,8 +9,8 @@ from typing import Any, Self, Unpack
 
 import grpc
 
-from pe_client._base import DEFAULT_MAX_RETRIES
-from pe_client._lazy_stream import LazyStream
+from pe_client._base import DEFAULT_MAX_RETRIES, RetryPolicy
+from pe_client._lazy_stream import LazyStream, OpenTransport
 from pe_client.errors import APIError
 from pe_client.grpc import pe_serve_pb2 as pb
 from pe_client.grpc._base import (
@@ -20,6 +20,7 @@ from pe_client.grpc._base import (
     channel_options,
     generate_message,
     model_list,
+    resumed_message,
     rpc_error,
     score_message,
     score_response,
@@ -44,13 +45,19 @@ class GrpcStream(GrpcStreamState, LazyStream[Any]):
     """Token events then one `StreamEnd`, like `Stream`; `with client.generate_stream(...) as stream:`.
 
     The call starts on `with` or on the first iteration (retried, like the HTTP stream, until its
-    first message arrives); leaving early, `close()` or `cancel()` cancels the call, and the server
-    frees the batch slot.
+    first message arrives) and is resumed if it is cut, as the HTTP stream is; leaving early,
+    `close()` or `cancel()` cancels the call, and the server frees the batch slot.
     """
 
-    def __init__(self, message: pb.GenerateRequest, open_call: Callable[[], Any]):
+    def __init__(
+        self,
+        message: pb.GenerateRequest,
+        open_call: OpenTransport[Any],
+        retry_policy: RetryPolicy,
+        sleep: Callable[[float], None],
+    ):
         GrpcStreamState.__init__(self, message)
-        LazyStream.__init__(self, open_call)
+        LazyStream.__init__(self, open_call, retry_policy, sleep)
 
     def _events_from(self, call: Any) -> Iterator[StreamEvent]:
         try:
@@ -121,7 +128,12 @@ class GrpcPEClient(BaseGrpcClient):
     ) -> GrpcStream:
         """Stream a completion; `stream.request_id` is what `cancel()` takes, known before the call starts."""
         message = generate_message(request, params, request_id)
-        return GrpcStream(message, lambda: self._open_stream(message))
+        return GrpcStream(
+            message,
+            lambda held: self._open_stream(resumed_message(message, held)),
+            self.retry_policy,
+            self._sleep,
+        )
 
     def score(
         self,

@@ -97,7 +97,7 @@ class LongRopeScaling(_message.Message):
     def __init__(self, short_factor: _Optional[_Iterable[float]] = ..., long_factor: _Optional[_Iterable[float]] = ..., original_max_position_embeddings: _Optional[int] = ..., factor: _Optional[float] = ..., attention_factor: _Optional[float] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "tokens", "model", "pe", "pe_scaling", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "logprobs", "request_id", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "top_logprobs")
+    __slots__ = ("prompt", "tokens", "model", "pe", "pe_scaling", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "logprobs", "request_id", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "top_logprobs", "resume_from")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,7 @@ class GenerateRequest(_message.Message):
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
     model: str
@@ -140,7 +141,14 @@ class GenerateRequest(_message.Message):
     min_tokens: int
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     top_logprobs: int
-    def __init__(self, prompt: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ..., pe: _Optional[str] = ..., pe_scaling: _Optional[_Union[PEScaling, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., logprobs: _Optional[bool] = ..., request_id: _Optional[str] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+    resume_from: ResumeFrom
+    def __init__(self, prompt: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ..., pe: _Optional[str] = ..., pe_scaling: _Optional[_Union[PEScaling, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., logprobs: _Optional[bool] = ..., request_id: _Optional[str] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[int] = ..., resume_from: _Optional[_Union[ResumeFrom, _Mapping]] = ...) -> None: ...
+
+class ResumeFrom(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token", "end")
