@@ -14,9 +14,10 @@ between them within every repeat, so drifting load on a shared machine hits both
    outlive the document on either revision: gaps after the streams end measure nothing.
 
 Both servers run the zoo model EOS-disabled (`bench.throughput.prepare_models`), float32, CPU,
-under the serving bench's flags; the idle one waits on its socket. After the runs each server's
-`pe_scored_positions_total` is read from `/metrics`: which pass ran the documents (a revision
-without the counter reports none). Run:
+under the serving bench's flags; the idle one waits on its socket. Each server's
+`pe_scored_positions_total` is read from `/metrics` before and after the runs: which pass ran the
+benchmark's documents (the server's own warm-up document is scored before; a revision without
+the counter reports none). Run:
 
     python -m bench.score_path --baseline-root /tmp/old [--repeats N] [--output PATH] [--quick]
 """
@@ -92,11 +93,6 @@ def timed_score(base_url: str, body: Body) -> float:
     return elapsed
 
 
-def positions_since(before: dict[str, float], now: dict[str, float]) -> dict[str, float]:
-    """The positions scored between two readings of `scored_positions`, by path."""
-    return {path: count - before.get(path, 0.0) for path, count in now.items()}
-
-
 def scored_positions(base_url: str) -> dict[str, float]:
     """`pe_scored_positions_total` by path, summed over models, from the server's /metrics."""
     text = httpx.get(base_url + "/metrics", timeout=30.0, trust_env=False).text
@@ -170,7 +166,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             running_server(model_dir, Path(workdir) / "this.log", options, roots["this"]) as new,
         ):
             urls = {"baseline": old, "this": new}
-            # The servers' own start-up warm-up scores a short text: counted apart from the runs.
             before = {side: scored_positions(url) for side, url in urls.items()}
             times, stalls = measure(urls, sizes, repeats)
             results = {
@@ -178,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     times[side],
                     stalls[f"{side}/alone"],
                     stalls[f"{side}/with_score"],
-                    positions_since(before[side], scored_positions(url)),
+                    {path: total - before[side][path] for path, total in scored_positions(url).items()},
                 )
                 for side, url in urls.items()
             }
@@ -253,7 +248,7 @@ def report(
         "",
         "## 1. `/score` alone",
         "",
-        "| revision | seconds | tok/s | positions scored on c / eager (all runs, from /metrics) |",
+        "| revision | seconds | tok/s | positions scored on c / eager (every run, from /metrics) |",
         "|---|---:|---:|---|",
     ]
     for side in SIDES:
