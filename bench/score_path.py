@@ -93,6 +93,11 @@ def timed_score(base_url: str, body: Body) -> float:
     return elapsed
 
 
+def positions_since(before: dict[str, float], now: dict[str, float]) -> dict[str, float]:
+    """The positions scored between two readings of `scored_positions`, by path."""
+    return {path: count - before.get(path, 0.0) for path, count in now.items()}
+
+
 def scored_positions(base_url: str) -> dict[str, float]:
     """`pe_scored_positions_total` by path, summed over models, from the server's /metrics."""
     text = httpx.get(base_url + "/metrics", timeout=30.0, trust_env=False).text
@@ -166,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             running_server(model_dir, Path(workdir) / "this.log", options, roots["this"]) as new,
         ):
             urls = {"baseline": old, "this": new}
+            # The servers' own start-up warm-up scores a short text: counted apart from the runs.
             before = {side: scored_positions(url) for side, url in urls.items()}
             times, stalls = measure(urls, sizes, repeats)
             results = {
@@ -173,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     times[side],
                     stalls[f"{side}/alone"],
                     stalls[f"{side}/with_score"],
-                    {path: total - before[side][path] for path, total in scored_positions(url).items()},
+                    positions_since(before[side], scored_positions(url)),
                 )
                 for side, url in urls.items()
             }
