@@ -32,7 +32,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,6 +53,7 @@ from bench.serving import (
     ServerOptions,
     Sizes,
     StallRun,
+    code_revision,
     post_lean,
     running_server,
     served_native_context,
@@ -183,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 for side, url in urls.items()
             }
-    revisions = {side: revision(root) for side, root in roots.items()}
+    revisions = {side: code_revision(root) for side, root in roots.items()}
     machine = (
         f"{platform.platform()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs "
         f"(load average {load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end)"
@@ -203,22 +203,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.output.write_text("\n".join(lines) + "\n")
     print(args.output.read_text())
     return 0
-
-
-def revision(root: Path) -> str:
-    """`git describe --always --dirty` of the checkout a server ran."""
-    try:
-        described = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return described.stdout.strip()
 
 
 def report(

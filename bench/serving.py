@@ -843,12 +843,13 @@ class Header:
     revision: str
 
 
-def code_revision() -> str:
-    """`git describe --dirty`: the server may be edited between runs, so say which code ran."""
+def code_revision(root: Path = REPO_ROOT) -> str:
+    """`git describe --dirty` of the checkout at `root`: the server may be edited between runs, so
+    say which code ran."""
     try:
         described = subprocess.run(
             ["git", "describe", "--always", "--dirty"],
-            cwd=REPO_ROOT,
+            cwd=root,
             capture_output=True,
             text=True,
             timeout=10,
