@@ -14,6 +14,7 @@ from pe_runtime.rope import (
     RopeLayout,
     apply_rope,
     rope_cos_sin,
+    rope_cos_sin_at,
     rope_inv_freq,
     rope_seq_len_key,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "relative_shift",
     "relative_sinusoid",
     "rope_cos_sin",
+    "rope_cos_sin_at",
     "rope_inv_freq",
     "rope_seq_len_key",
     "shaw_key_logits",

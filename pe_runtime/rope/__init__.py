@@ -2,7 +2,7 @@
 and the cos/sin tables with their application."""
 
 from pe_runtime.rope.registry import SCALING_RULES, rope_inv_freq, rope_seq_len_key
-from pe_runtime.rope.tables import ROPE_LAYOUTS, RopeLayout, apply_rope, rope_cos_sin
+from pe_runtime.rope.tables import ROPE_LAYOUTS, RopeLayout, apply_rope, rope_cos_sin, rope_cos_sin_at
 
 __all__ = [
     "ROPE_LAYOUTS",
@@ -10,6 +10,7 @@ __all__ = [
     "RopeLayout",
     "apply_rope",
     "rope_cos_sin",
+    "rope_cos_sin_at",
     "rope_inv_freq",
     "rope_seq_len_key",
 ]

@@ -37,6 +37,23 @@ def rope_cos_sin(
     )
 
 
+def rope_cos_sin_at(
+    inv_freq: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    layout: RopeLayout = "neox",
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit cos and sin [N, rotary_dim] at arbitrary, possibly fractional `positions` [N].
+
+    Angles are formed in the positions' dtype (pass float64 to keep a fractional position far
+    out exact): this turns vectors already rotated by a table to other positions, which is how an
+    attention rule moves a cached key without recomputing it.
+    """
+    angles = positions[:, None] * inv_freq.to(device=positions.device, dtype=positions.dtype)[None, :]
+    return _spread(angles.cos().to(dtype), layout), _spread(angles.sin().to(dtype), layout)
+
+
 def apply_rope(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: RopeLayout = "neox"
 ) -> torch.Tensor:

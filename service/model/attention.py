@@ -10,9 +10,11 @@ every path, then calls `attend`. What differs is where keys live:
 - a `PagedStep` (the torch decode step, compiled or captured as CUDA graphs): one query per row,
   attending over its blocks of the pool (`reference_paged_decode_attention`).
 
-Over a window, attention is SDPA with the pass's mask and score bias, or the relative schemes'
-explicit attention (Shaw, Transformer-XL, CoPE). The C pass (`kernels/batch_pass.c`) is the
-same computation over the same pool, run as one call.
+Over a window, attention is SDPA with the pass's mask and score bias, the relative schemes'
+explicit attention (Shaw, Transformer-XL, CoPE), or, for rows with a `pe_attention` rule, the
+rule's branches over the positions the cache records (`rule_attention`). The C pass
+(`kernels/batch_pass.c`) is the same computation over the same pool, run as one call, for rows
+without a rule.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from typing import NamedTuple
 import torch.nn.functional as F
 from torch import Tensor
 
+from pe_runtime import RopeLayout
 from service.model.kernels.paged_attention import reference_paged_decode_attention
 from service.model.kv_cache import RowCache
 from service.model.positional import PositionalInputs
 from service.model.relative_attention import RelativeAttention
+from service.model.rule_attention import attend_rows
 
 
 class PagedStep(NamedTuple):
@@ -62,6 +66,7 @@ def attend(
     values: Tensor,
     positions: PositionalInputs,
     relative: RelativeAttention | None,
+    layout: RopeLayout = "neox",
 ) -> Tensor:
     """Queries [B, H, Tq, hd] against the pass's keys and values [B, Hkv, Tq, hd] and whatever
     `cache` holds before them: attended [B, H, Tq, hd]. Writes the new entries into the cache."""
@@ -72,6 +77,10 @@ def attend(
     if relative is not None:
         attended: Tensor = relative(queries, keys, values, positions.relative)
         return attended
+    if positions.rules is not None:
+        return attend_rows(
+            positions.rules, queries, keys, values, positions.attn_mask, positions.causal, layout
+        )
     return F.scaled_dot_product_attention(
         queries,
         keys,

@@ -34,6 +34,23 @@ from pe_runtime import PEConfigError
 from pe_runtime.scaling import MAX_FACTOR, MAX_POSITIONS
 
 
+class Branch(NamedTuple):
+    """One way a rule rotates a query against a key, as a backend computes it: the query at
+    `query_position` [Tq], the key at `key_position` [Tk] (float64), for the pairs `selected`
+    [Tq, Tk]. A rule is a few branches whose selections partition its seen pairs; each branch is
+    one score product, which is why Self-Extend or ReRoPE cost two and DCA three.
+
+    Within a branch the positions of a query and of a key are functions of that token alone, so
+    queries and keys can be rotated once per branch. For every seen pair, a branch's position
+    difference equals the `Placement`'s (RoPE and ALiBi read only that difference); the absolute
+    positions may differ (StreamingLLM's recent keys: the slot arithmetic cancels).
+    """
+
+    query_position: torch.Tensor
+    key_position: torch.Tensor
+    selected: torch.Tensor
+
+
 class Placement(NamedTuple):
     """Where each (query, key) pair is rotated, and whether the query sees the key; all [Tq, Tk].
 
@@ -68,6 +85,10 @@ class AttentionRule(ABC):
     def place(self, query_index: torch.Tensor, key_index: torch.Tensor) -> Placement:
         """The SPEC's positions and seen mask for text indices i [Tq] against j [Tk]."""
 
+    @abstractmethod
+    def branches(self, query_index: torch.Tensor, key_index: torch.Tensor) -> tuple[Branch, ...]:
+        """The rule as score products (`Branch`) for text indices i [Tq] against j [Tk]."""
+
     def query_scale(self, query_index: torch.Tensor) -> torch.Tensor:
         """The factor each query is multiplied by ([Tq] float64; ones without `logn`)."""
         return logn_scale(query_index, self.logn)
@@ -91,6 +112,10 @@ class StandardAttention(AttentionRule):
     def place(self, query_index: torch.Tensor, key_index: torch.Tensor) -> Placement:
         return standard_positions(query_index, key_index)
 
+    def branches(self, query_index: torch.Tensor, key_index: torch.Tensor) -> tuple[Branch, ...]:
+        i, j, distance = _pairs(query_index, key_index)
+        return (_branch(i, j, distance >= 0),)
+
 
 @dataclass(frozen=True, kw_only=True)
 class SelfExtendAttention(AttentionRule):
@@ -109,6 +134,14 @@ class SelfExtendAttention(AttentionRule):
     def place(self, query_index: torch.Tensor, key_index: torch.Tensor) -> Placement:
         return self_extend_positions(query_index, key_index, group_size=self.group_size, window=self.window)
 
+    def branches(self, query_index: torch.Tensor, key_index: torch.Tensor) -> tuple[Branch, ...]:
+        i, j, distance = _pairs(query_index, key_index)
+        shift = self.window - self.window // self.group_size
+        return (
+            _branch(i, j, (distance >= 0) & (distance < self.window)),
+            _branch(i // self.group_size + shift, j // self.group_size, distance >= self.window),
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class ReRoPEAttention(AttentionRule):
@@ -123,6 +156,14 @@ class ReRoPEAttention(AttentionRule):
 
     def place(self, query_index: torch.Tensor, key_index: torch.Tensor) -> Placement:
         return rerope_positions(query_index, key_index, window=self.window)
+
+    def branches(self, query_index: torch.Tensor, key_index: torch.Tensor) -> tuple[Branch, ...]:
+        i, j, distance = _pairs(query_index, key_index)
+        far = distance >= self.window
+        return (
+            _branch(i, j, (distance >= 0) & ~far),
+            _branch(torch.full_like(i, self.window), torch.zeros_like(j), far),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,6 +184,14 @@ class LeakyReRoPEAttention(AttentionRule):
 
     def place(self, query_index: torch.Tensor, key_index: torch.Tensor) -> Placement:
         return leaky_rerope_positions(query_index, key_index, window=self.window, leak=self.leak)
+
+    def branches(self, query_index: torch.Tensor, key_index: torch.Tensor) -> tuple[Branch, ...]:
+        i, j, distance = _pairs(query_index, key_index)
+        far = distance >= self.window
+        return (
+            _branch(i, j, (distance >= 0) & ~far),
+            _branch((i.double() + self.window * (self.leak - 1.0)) / self.leak, j.double() / self.leak, far),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,6 +219,18 @@ class DCAAttention(AttentionRule):
             query_index, key_index, chunk_size=self.chunk_size, local_window=self.local_window
         )
 
+    def branches(self, query_index: torch.Tensor, key_index: torch.Tensor) -> tuple[Branch, ...]:
+        i, j, distance = _pairs(query_index, key_index)
+        stride = self.chunk_size - self.local_window
+        chunks_apart = i // stride - j // stride
+        within, key = i % stride, j % stride
+        inter = torch.full_like(i, min(2 * stride - 1, self.chunk_size))
+        return (
+            _branch(within, key, (distance >= 0) & (chunks_apart == 0)),
+            _branch(torch.clamp(within + stride, max=self.chunk_size), key, chunks_apart == 1),
+            _branch(inter, key, chunks_apart >= 2),
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class StreamingAttention(AttentionRule):
@@ -186,6 +247,17 @@ class StreamingAttention(AttentionRule):
 
     def place(self, query_index: torch.Tensor, key_index: torch.Tensor) -> Placement:
         return streaming_positions(query_index, key_index, sink_tokens=self.sink_tokens, window=self.window)
+
+    def branches(self, query_index: torch.Tensor, key_index: torch.Tensor) -> tuple[Branch, ...]:
+        # A recent key's slot distance is its text distance; a sink sits at its slot j while the
+        # query sits at most at slot S + W.
+        i, j, distance = _pairs(query_index, key_index)
+        recent = (distance >= 0) & (distance <= self.window)
+        sink = (j < self.sink_tokens) & (distance > self.window)
+        return (
+            _branch(i, j, recent),
+            _branch(torch.clamp(i, max=self.sink_tokens + self.window), j, sink),
+        )
 
 
 _RULES: Final[Mapping[str, type[AttentionRule]]] = {
@@ -331,6 +403,11 @@ def _indices(name: str, index: torch.Tensor) -> torch.Tensor:
             f"{name} must be a 1-D integer tensor, got {index.dtype} of shape {tuple(index.shape)}"
         )
     return index.to(torch.int64)
+
+
+def _branch(query: torch.Tensor, key: torch.Tensor, selected: torch.Tensor) -> Branch:
+    """A branch from a query column [Tq, 1] and a key row [1, Tk] (float64, flattened)."""
+    return Branch(query.to(torch.float64)[:, 0], key.to(torch.float64)[0], selected)
 
 
 def _placement(query: torch.Tensor, key: torch.Tensor, seen: torch.Tensor) -> Placement:

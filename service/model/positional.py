@@ -18,10 +18,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pe_runtime import PECache, PEConfigError, RopeScaling, RopeTables, alibi_bias, rope_seq_len_key
+from pe_runtime import (
+    PECache,
+    PEConfigError,
+    RopeScaling,
+    RopeTables,
+    alibi_bias,
+    rope_inv_freq,
+    rope_seq_len_key,
+)
 from pe_runtime.absolute import interpolate_learned
+from service.model.attention_rules import AttentionRule
 from service.model.config import ModelConfig, Scheme
 from service.model.relative_attention import RelativeInputs, relative_inputs
+from service.model.rule_attention import RuleRow, rule_row_inputs
 
 # Scalings each scheme can honour. RoPE takes every type; absolute schemes can only stretch their
 # positions linearly (position interpolation); relative biases have no frequencies to rescale.
@@ -78,6 +88,10 @@ class PositionalInputs:
     attn_mask: Tensor | None  # additive [B|1, n_heads|1, Tq, Tk], -inf where a key is not visible
     causal: bool  # with no mask: causal attention (True) or every key visible (False)
     relative: RelativeInputs | None = None  # Shaw, Transformer-XL, CoPE: read by their explicit attention
+    # `pe_attention`: per row, the branches of its rule (None: the pass's own attention); None
+    # when no row has one. `query_scale` [B, 1, Tq, 1]: log-n factors, None when no row asks.
+    rules: tuple[RuleRow | None, ...] | None = None
+    query_scale: Tensor | None = None
 
 
 class PassTables(NamedTuple):
@@ -168,6 +182,7 @@ class _Row:
     table_key: Hashable
     count: int  # real tokens among the pass's query_length
     table_length: int = dataclasses.field(compare=False)
+    rule: AttentionRule | None = None  # `pe_attention`; None: standard
 
 
 class PositionalEncoding(nn.Module):
@@ -200,12 +215,14 @@ class PositionalEncoding(nn.Module):
         table_lengths: Sequence[int] | None = None,
         counts: Sequence[int] | None = None,
         key_positions: Tensor | None = None,
+        rules: Sequence[AttentionRule | None] | None = None,
     ) -> PositionalInputs:
         """Inputs for `query_length` new tokens per row after `past_lengths[i]` cached ones.
 
         `key_positions` [B|1, Tk] are the positions the cache records for the pass's key window
-        (`RowCache.key_positions`), which the score bias reads; by default every key sits at its
-        index. Which keys a query sees goes by index (its row's entries up to its own).
+        (`RowCache.key_positions`), which the score bias and the attention rules read; by default
+        every key sits at its index. Which keys a query sees goes by index (its row's entries up
+        to its own), or by the row's rule (`rules[i]`, `pe_attention`; None: standard).
 
         `scalings` has one entry per row. `table_lengths[i]` is the sequence length whose table row
         `i` reads when its scaling depends on the length (default: its length after this pass); a
@@ -217,9 +234,12 @@ class PositionalEncoding(nn.Module):
             self.check_scaling(scaling)
         lengths = table_lengths or [past + query_length for past in past_lengths]
         real = counts or [query_length] * len(past_lengths)
+        row_rules = list(rules) if rules is not None else [None] * len(past_lengths)
         rows = [
-            _Row(past, scaling, self.table_key(scaling, length), count, length)
-            for past, scaling, length, count in zip(past_lengths, scalings, lengths, real, strict=True)
+            _Row(past, scaling, self.table_key(scaling, length), count, length, rule)
+            for past, scaling, length, count, rule in zip(
+                past_lengths, scalings, lengths, real, row_rules, strict=True
+            )
         ]
         if len(set(rows)) == 1:
             rows = rows[:1]
@@ -251,7 +271,40 @@ class PositionalEncoding(nn.Module):
                 [_linear_factor(row.scaling) for row in rows],
                 key_length,
             ),
+            rules=self._rule_rows(rows, query_positions, key_positions, dtype),
+            query_scale=_query_scale(rows, query_positions, dtype),
         )
+
+    def _rule_rows(
+        self, rows: list[_Row], query_positions: Tensor, key_positions: Tensor, dtype: torch.dtype
+    ) -> tuple[RuleRow | None, ...] | None:
+        """Each row's rule branches (`rule_attention`); None when every row attends as trained."""
+        if all(row.rule is None or row.rule.type == "standard" for row in rows):
+            return None
+        config = self.config
+        slopes = self.alibi_slopes(query_positions.device) if config.pe in ("alibi", "rope_alibi") else None
+        built: list[RuleRow | None] = []
+        for index, row in enumerate(rows):
+            if row.rule is None or row.rule.type == "standard":
+                built.append(None)
+                continue
+            inv_freq = None
+            if config.has_rope:
+                seq_len = rope_seq_len_key(row.scaling, row.table_length)
+                inv_freq = rope_inv_freq(config.rotary_dim, config.rope_base, row.scaling, seq_len)[0]
+            built.append(
+                rule_row_inputs(
+                    row.rule,
+                    query_positions[index],
+                    key_positions[index if key_positions.shape[0] > 1 else 0],
+                    row.past + row.count,
+                    inv_freq=inv_freq,
+                    layout=config.rope_layout,
+                    alibi_slopes=slopes,
+                    dtype=dtype,
+                )
+            )
+        return tuple(built)
 
     def at_positions(
         self, position_ids: Tensor, scalings: Sequence[RopeScaling], *, dtype: torch.dtype
@@ -492,6 +545,17 @@ def _gather_rows(tables: Mapping[_Key, Tensor], row_keys: Sequence[_Key], positi
     stacked = torch.stack(list(tables.values()))  # [U, L, ...]
     which = torch.tensor([slot[key] for key in row_keys], device=positions.device)
     return stacked[which[:, None], positions]
+
+
+def _query_scale(rows: list[_Row], query_positions: Tensor, dtype: torch.dtype) -> Tensor | None:
+    """Log-n factors [R, 1, Tq, 1] for rows whose rule sets `logn`; None when none does."""
+    if all(row.rule is None or row.rule.logn is None for row in rows):
+        return None
+    scales = [
+        row.rule.query_scale(positions.cpu()) if row.rule is not None else torch.ones(positions.shape[0])
+        for row, positions in zip(rows, query_positions, strict=True)
+    ]
+    return torch.stack(scales).to(device=query_positions.device, dtype=dtype)[:, None, :, None]
 
 
 def _linear_factor(scaling: RopeScaling) -> float:

@@ -20,12 +20,15 @@ from torch import Tensor, nn
 from pe_runtime import PECache, RopeScaling
 from pe_runtime.rope import apply_rope
 from service.model.attention import PagedStep, attend
+from service.model.attention_rules import AttentionRule
 from service.model.config import ModelConfig
 from service.model.kv_cache import KVCache, RowCache
 from service.model.positional import PositionalEncoding, PositionalInputs
 from service.model.relative_attention import relative_attention_layer
 
 ScalingArg = RopeScaling | Sequence[RopeScaling] | None
+# `pe_attention` per row (None in a row: standard), or one rule for every row.
+AttentionArg = AttentionRule | Sequence[AttentionRule | None] | None
 Result = TypeVar("Result")
 # A pass a layer at a time: every `next()` runs one layer; the last one returns the result.
 Stages = Generator[None, None, Result]
@@ -107,8 +110,10 @@ class Attention(nn.Module):
         if positions.rope is not None:
             queries = apply_rope(queries, *positions.rope, layout=self.config.rope_layout)
             keys = apply_rope(keys, *positions.rope, layout=self.config.rope_layout)
+        if positions.query_scale is not None:  # log-n attention (`pe_attention.logn`)
+            queries = queries * positions.query_scale
         attended = attend(
-            cache, layer_index, queries, keys, values, positions, self.relative
+            cache, layer_index, queries, keys, values, positions, self.relative, self.config.rope_layout
         )  # [B, H, Tq, hd]
         output: Tensor = self.o_proj(attended.transpose(1, 2).reshape(batch, length, -1))
         return output
@@ -198,6 +203,7 @@ class Transformer(nn.Module):
         table_lengths: Sequence[int] | None = None,
         counts: Sequence[int] | None = None,
         position_ids: Tensor | None = None,
+        attention: AttentionArg = None,
     ) -> Tensor:
         """tokens [B, T] -> logits [B, T, vocab_size], or [B, last_n, vocab_size] for the last positions.
 
@@ -215,6 +221,9 @@ class Transformer(nn.Module):
 
         `position_ids` [B, T] (training only, no cache) gives each token's RoPE position in place
         of 0..T-1: PoSE's skipped and randomized positions train this way (`training.positions`).
+
+        `attention` is each row's `pe_attention` rule (`attention_rules`), which places queries
+        and keys by the positions the cache records; None is standard attention.
         """
         stages = self.forward_stages(
             tokens,
@@ -224,6 +233,7 @@ class Transformer(nn.Module):
             table_lengths=table_lengths,
             counts=counts,
             position_ids=position_ids,
+            attention=attention,
         )
         return run_stages(stages)
 
@@ -237,6 +247,7 @@ class Transformer(nn.Module):
         table_lengths: Sequence[int] | None = None,
         counts: Sequence[int] | None = None,
         position_ids: Tensor | None = None,
+        attention: AttentionArg = None,
     ) -> Stages[Tensor]:
         """`forward` a layer at a time: each `next()` runs one layer, the last returns the logits.
 
@@ -245,8 +256,9 @@ class Transformer(nn.Module):
         last layer is done, so a pass dropped half-way leaves it as it was.
         """
         scalings = self._row_scalings(scaling, tokens.shape[0])
+        rules = _row_rules(attention, tokens.shape[0])
         hidden = yield from self._hidden(
-            tokens, scalings, cache, table_lengths, counts, position_ids
+            tokens, scalings, cache, table_lengths, counts, position_ids, rules
         )  # [B, T, D]
         if counts is not None:
             last = torch.tensor(list(counts), device=tokens.device) - 1
@@ -265,13 +277,16 @@ class Transformer(nn.Module):
         scaling: ScalingArg = None,
         cache: RowCache | None = None,
         table_lengths: Sequence[int] | None = None,
+        attention: AttentionArg = None,
     ) -> Tensor:
         """tokens [B, T] -> normed last hidden states [B, T, d_model], before the output head.
 
         For callers that project positions in chunks (scoring long inputs against a large vocabulary).
         """
         return run_stages(
-            self.final_hidden_stages(tokens, scaling=scaling, cache=cache, table_lengths=table_lengths)
+            self.final_hidden_stages(
+                tokens, scaling=scaling, cache=cache, table_lengths=table_lengths, attention=attention
+            )
         )
 
     def final_hidden_stages(
@@ -281,10 +296,14 @@ class Transformer(nn.Module):
         scaling: ScalingArg = None,
         cache: RowCache | None = None,
         table_lengths: Sequence[int] | None = None,
+        attention: AttentionArg = None,
     ) -> Stages[Tensor]:
         """`final_hidden` a layer at a time, as `forward_stages` is `forward`."""
         scalings = self._row_scalings(scaling, tokens.shape[0])
-        hidden: Tensor = self.norm((yield from self._hidden(tokens, scalings, cache, table_lengths)))
+        rules = _row_rules(attention, tokens.shape[0])
+        hidden: Tensor = self.norm(
+            (yield from self._hidden(tokens, scalings, cache, table_lengths, rules=rules))
+        )
         if cache is not None:
             self._advance(cache, tokens, scalings, table_lengths)
         return hidden
@@ -309,6 +328,7 @@ class Transformer(nn.Module):
         table_lengths: Sequence[int] | None,
         counts: Sequence[int] | None = None,
         position_ids: Tensor | None = None,
+        rules: Sequence[AttentionRule | None] | None = None,
     ) -> Stages[Tensor]:
         """The layers' output before the final norm; writes the new entries into `cache`.
 
@@ -323,9 +343,8 @@ class Transformer(nn.Module):
         else:
             if cache is not None:
                 cache.reserve(length)
-            key_positions = (
-                cache.key_positions() if cache is not None and self.config.has_score_bias else None
-            )
+            reads_positions = self.config.has_score_bias or any(rule is not None for rule in rules or ())
+            key_positions = cache.key_positions() if cache is not None and reads_positions else None
             positions = self.positions(
                 length,
                 past_lengths,
@@ -335,6 +354,7 @@ class Transformer(nn.Module):
                 table_lengths=table_lengths,
                 counts=counts,
                 key_positions=key_positions,
+                rules=rules,
             )
         if positions.absolute is not None:
             hidden = hidden + positions.absolute
@@ -370,6 +390,17 @@ class Transformer(nn.Module):
         if len(scaling) != batch_size:
             raise ValueError(f"got {len(scaling)} scalings for a batch of {batch_size}")
         return list(scaling)
+
+
+def _row_rules(attention: AttentionArg, batch_size: int) -> list[AttentionRule | None] | None:
+    """One rule (or None) per row; None when no row has one."""
+    if attention is None:
+        return None
+    if isinstance(attention, AttentionRule):
+        return [attention] * batch_size
+    if len(attention) != batch_size:
+        raise ValueError(f"got {len(attention)} attention rules for a batch of {batch_size}")
+    return list(attention) if any(rule is not None for rule in attention) else None
 
 
 def _init_weights(module: nn.Module) -> None:

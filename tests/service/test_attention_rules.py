@@ -394,3 +394,33 @@ def test_constructors_validate_too() -> None:
     with pytest.raises(PEConfigError) as raised:
         StreamingAttention(sink_tokens=0, window=4, logn=0)
     assert raised.value.field == "logn"
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        StandardAttention(),
+        SelfExtendAttention(group_size=3, window=7),
+        SelfExtendAttention(group_size=4, window=8),
+        ReRoPEAttention(window=5),
+        LeakyReRoPEAttention(window=6, leak=2.5),
+        DCAAttention(chunk_size=12, local_window=4),
+        DCAAttention(chunk_size=7, local_window=0),
+        StreamingAttention(sink_tokens=4, window=8),
+        StreamingAttention(sink_tokens=0, window=3),
+    ],
+    ids=lambda rule: f"{rule.type}-{'-'.join(str(value) for value in rule.to_dict().values())}",
+)
+def test_branches_partition_the_seen_pairs_at_the_placements_distances(rule: AttentionRule) -> None:
+    """What the backends compute (`branches`) is the rule (`place`): every seen pair is selected by
+    exactly one branch, no unseen pair by any, and each pair's query − key position difference (all
+    that RoPE and ALiBi read) is the placement's. Queries start mid-text, as in a decode step."""
+    queries, keys = torch.arange(17, 45), torch.arange(45)
+    placement = rule.place(queries, keys)
+    branches = rule.branches(queries, keys)
+    selections = torch.stack([branch.selected for branch in branches])
+    assert torch.equal(selections.sum(0), placement.seen.long())
+    expected = placement.query_position - placement.key_position
+    for branch in branches:
+        distance = branch.query_position[:, None] - branch.key_position[None, :]
+        assert torch.allclose(distance[branch.selected], expected[branch.selected], atol=1e-12)

@@ -1,0 +1,203 @@
+"""`pe_attention` rules in the model: a tiny random Llama under each rule against the same weights
+run in float64 with the method's published attention (`tests/references/`) in every layer.
+
+The model computes a rule from the positions the cache records (queries and keys turned from where
+they were rotated to where each branch puts them); the reference rotates as each repository does.
+Both the full pass and incremental decoding over the paged pool (a prompt, then one token at a
+time) must give the reference's log-probabilities, and rows under different rules, mixed with plain
+rows in one pass, must each give what they give alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pe_runtime import RopeScaling
+from service.model.attention_rules import (
+    AttentionRule,
+    DCAAttention,
+    LeakyReRoPEAttention,
+    ReRoPEAttention,
+    SelfExtendAttention,
+    StandardAttention,
+    StreamingAttention,
+)
+from service.model.paged_cache import PagedRows
+from service.model.transformer import Transformer, rms_norm
+from tests.conftest import tiny_transformer
+from tests.references.dca import dca_attention
+from tests.references.logn import logn_attention
+from tests.references.rerope import leaky_rerope_attention, rerope_attention
+from tests.references.self_extend import self_extend_attention
+from tests.references.streaming import streaming_attention
+from tests.service.test_fast_decode import pool_for
+
+TOLERANCE = 2e-4
+LENGTH = 70
+PROMPT = 30
+NO_LOGN = 10**9
+BASE = 100.0  # every channel turns within the text, so a misplaced key shows
+
+ReferenceAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+CASES: list[tuple[AttentionRule, ReferenceAttention]] = [
+    (StandardAttention(logn=16), partial(logn_attention, base=BASE, seq_length=16)),
+    (
+        SelfExtendAttention(group_size=3, window=10),
+        partial(self_extend_attention, base=BASE, group_size=3, window=10),
+    ),
+    (
+        SelfExtendAttention(group_size=4, window=8, logn=20),
+        partial(self_extend_attention, base=BASE, group_size=4, window=8, scale_base=20),
+    ),
+    (ReRoPEAttention(window=12), partial(rerope_attention, base=BASE, window=12, training_length=NO_LOGN)),
+    (
+        ReRoPEAttention(window=12, logn=16),
+        partial(rerope_attention, base=BASE, window=12, training_length=16),
+    ),
+    (
+        LeakyReRoPEAttention(window=10, leak=4),
+        partial(leaky_rerope_attention, base=BASE, window=10, scaling_factor=4, training_length=NO_LOGN),
+    ),
+    (
+        DCAAttention(chunk_size=24, local_window=8),
+        partial(dca_attention, base=BASE, chunk_size=24, local_window=8),
+    ),
+    (
+        StreamingAttention(sink_tokens=4, window=16),
+        partial(streaming_attention, base=BASE, start_size=4, recent_size=16),
+    ),
+]
+IDS = [f"{rule.type}{'-logn' if rule.logn else ''}" for rule, _ in CASES]
+
+
+def model() -> Transformer:
+    return tiny_transformer(seed=5, rope_base=BASE, native_context=128)
+
+
+def text(seed: int = 1) -> list[int]:
+    return torch.randint(0, 256, (LENGTH,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def reference_logprobs(model: Transformer, tokens: list[int], attention: ReferenceAttention) -> torch.Tensor:
+    """[T, V] log-probabilities of the model's weights in float64 with `attention` in every layer
+    (Llama's block: RMSNorm, grouped-query attention, SwiGLU)."""
+    config = model.config
+    weights = {name: value.detach().double() for name, value in model.state_dict().items()}
+    hidden = weights["embed_tokens.weight"][torch.tensor(tokens)]  # [T, D]
+    groups = config.n_heads // config.n_kv_heads
+
+    def heads(x: torch.Tensor, count: int) -> torch.Tensor:
+        return x.view(len(tokens), count, config.head_dim).transpose(0, 1)  # [h, T, hd]
+
+    for index in range(config.n_layers):
+        layer = f"layers.{index}."
+        normed = rms_norm(hidden, weights[layer + "attn_norm.weight"], config.norm_eps)
+        q = heads(normed @ weights[layer + "attn.q_proj.weight"].T, config.n_heads)
+        k = heads(normed @ weights[layer + "attn.k_proj.weight"].T, config.n_kv_heads)
+        v = heads(normed @ weights[layer + "attn.v_proj.weight"].T, config.n_kv_heads)
+        attended = attention(q, k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0))
+        hidden = (
+            hidden
+            + attended.transpose(0, 1).reshape(len(tokens), -1) @ weights[layer + "attn.o_proj.weight"].T
+        )
+        normed = rms_norm(hidden, weights[layer + "mlp_norm.weight"], config.norm_eps)
+        gate = F.silu(normed @ weights[layer + "mlp.gate_proj.weight"].T)
+        up = normed @ weights[layer + "mlp.up_proj.weight"].T
+        hidden = hidden + (gate * up) @ weights[layer + "mlp.down_proj.weight"].T
+    hidden = rms_norm(hidden, weights["norm.weight"], config.norm_eps)
+    return torch.log_softmax(hidden @ weights["lm_head.weight"].T, dim=-1)
+
+
+def incremental_logprobs(model: Transformer, tokens: list[int], rule: AttentionRule | None) -> torch.Tensor:
+    """[T, V]: the prompt in one pass over a paged row, then one token per pass."""
+    pool = pool_for(model)
+    rows = PagedRows(pool, [pool.allocate(len(tokens))])
+    outputs = []
+    with torch.inference_mode():
+        for begin, end in [(0, PROMPT), *((step, step + 1) for step in range(PROMPT, len(tokens)))]:
+            logits = model(
+                torch.tensor([tokens[begin:end]]), scaling=[RopeScaling()], cache=rows, attention=[rule]
+            )
+            outputs.append(torch.log_softmax(logits[0].double(), dim=-1))
+    return torch.cat(outputs)
+
+
+def assert_close(ours: torch.Tensor, reference: torch.Tensor, label: str) -> None:
+    error = (ours.double() - reference).abs().max().item()
+    assert error <= TOLERANCE, f"{label}: max |ours − reference| = {error:.3g}"
+
+
+@pytest.mark.parametrize(("rule", "attention"), CASES, ids=IDS)
+def test_a_full_pass_equals_the_authors_attention_in_float64(
+    rule: AttentionRule, attention: ReferenceAttention
+) -> None:
+    tiny = model()
+    tokens = text()
+    reference = reference_logprobs(tiny, tokens, attention)
+    with torch.inference_mode():
+        ours = torch.log_softmax(tiny(torch.tensor([tokens]), attention=rule)[0].double(), dim=-1)
+    assert_close(ours, reference, "full pass")
+    plain = torch.log_softmax(tiny(torch.tensor([tokens]))[0].double(), dim=-1)
+    assert (plain - reference).abs().max() > 1e-2, "the rule must move the outputs at this length"
+
+
+@pytest.mark.parametrize(("rule", "attention"), CASES, ids=IDS)
+def test_incremental_decoding_over_the_pool_equals_the_reference(
+    rule: AttentionRule, attention: ReferenceAttention
+) -> None:
+    tiny = model()
+    tokens = text(2)
+    assert_close(
+        incremental_logprobs(tiny, tokens, rule), reference_logprobs(tiny, tokens, attention), "decode"
+    )
+
+
+def test_rows_under_different_rules_in_one_pass_equal_each_alone() -> None:
+    tiny = model()
+    rules: list[AttentionRule | None] = [rule for rule, _ in CASES] + [None]
+    texts = [text(seed) for seed in range(len(rules))]
+    alone = [incremental_logprobs(tiny, tokens, rule) for tokens, rule in zip(texts, rules, strict=True)]
+    pool = pool_for(model=tiny, tokens=8192)
+    rows = PagedRows(pool, [pool.allocate(LENGTH) for _ in rules])
+    together: list[list[torch.Tensor]] = [[] for _ in rules]
+    with torch.inference_mode():
+        for begin, end in [(0, PROMPT), *((step, step + 1) for step in range(PROMPT, LENGTH))]:
+            batch = torch.tensor([tokens[begin:end] for tokens in texts])
+            logits = tiny(batch, scaling=[RopeScaling()] * len(rules), cache=rows, attention=rules)
+            for row, row_logits in enumerate(logits):
+                together[row].append(torch.log_softmax(row_logits.double(), dim=-1))
+    for row, rule in enumerate(rules):
+        error = (torch.cat(together[row]) - alone[row]).abs().max().item()
+        assert error <= 1e-5, f"{rule}: mixed vs alone {error:.3g}"
+
+
+def test_a_yarn_row_turns_with_its_own_frequencies() -> None:
+    """A rule composes with a scaling: the branches turn by the scaling's frequencies, so a rule
+    under YaRN equals the rule computed from YaRN's table directly (scored in one pass vs decoded)."""
+    tiny = model()
+    tokens = text(3)
+    yarn = RopeScaling.from_hf(
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+        max_position_embeddings=32,
+    )
+    rule = SelfExtendAttention(group_size=3, window=10)
+    with torch.inference_mode():
+        whole = torch.log_softmax(tiny(torch.tensor([tokens]), scaling=yarn, attention=rule)[0].double(), -1)
+        plain = torch.log_softmax(tiny(torch.tensor([tokens]), scaling=yarn)[0].double(), -1)
+    pool = pool_for(tiny)
+    rows = PagedRows(pool, [pool.allocate(LENGTH)])
+    steps = []
+    with torch.inference_mode():
+        for begin, end in [(0, PROMPT), *((step, step + 1) for step in range(PROMPT, LENGTH))]:
+            logits = tiny(torch.tensor([tokens[begin:end]]), scaling=[yarn], cache=rows, attention=[rule])
+            steps.append(torch.log_softmax(logits[0].double(), dim=-1))
+    assert (torch.cat(steps) - whole).abs().max() <= 1e-5
+    assert (whole - plain).abs().max() > 1e-2
+    assert math.isfinite(whole.sum().item())
