@@ -3,7 +3,9 @@
 context 256).
 
 What the server saw is read from its own `/metrics`: which requests arrived, and which were cut
-off by the client (status 499, the request cancelled in the engine).
+off by the client (status 499, the request cancelled in the engine). A sweep scores each scaling
+once at its longest length and reads the shorter cells from that pass's prefix, except dynamic NTK
+and LongRoPE (one pass per length): every cell must still equal `/score` of its first L tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from pe_client.cli import main
 from pe_client.grid import GridError
 from pe_client.passkey import wilson_interval
 from pe_client.ruler_tasks import TASKS, string_match_all
-from pe_client.sweep import SweepCell
+from pe_client.scaling import LongRopeScaling
+from pe_client.sweep import SweepCell, SweepResult
 
 from tests.live_server import LiveServer, OptionValue, live_server
 
@@ -31,6 +34,11 @@ MAX_CONTEXT = 2048
 NATIVE = 256
 TEXT = Path(__file__).resolve().parents[2].joinpath("README.md").read_text(encoding="utf-8")
 TOLERANCE_BITS = 1e-4
+# A cell read from a longer pass's prefix against `/score` of its own tokens: the two passes are
+# chunked and batched differently, so float32 sums differ (by ~1e-5 bits); the SPEC allows 1e-3.
+PREFIX_TOLERANCE_BITS = 1e-3
+HEAD_DIM = 32  # zoo-rope: d_model 192 over 6 heads; a LongRoPE list has one factor per pair
+LONGROPE = LongRopeScaling(short_factor=[1.0] * (HEAD_DIM // 2), long_factor=[4.0] * (HEAD_DIM // 2))
 
 
 @pytest.fixture(scope="module")
@@ -80,39 +88,66 @@ def bits_alone(client: PEClient, tokens: list[int], cell: SweepCell) -> tuple[fl
     return whole, (-math.fsum(past) / len(past) / math.log(2) if cell.length > NATIVE else None)
 
 
+def scores_sent(server: LiveServer, before: dict[tuple[str, str], float]) -> float:
+    """The `/score` requests the server answered since `before`."""
+    return count(requests_seen(server), "/score", "200") - count(before, "/score", "200")
+
+
+def assert_cells_equal_score_alone(client: PEClient, result: SweepResult) -> None:
+    """Every cell equals one `/score` of the text's first L tokens under its scaling, sent alone."""
+    tokens = client.tokenize(TEXT[:4000])
+    for cell in result.cells:
+        whole, past = bits_alone(client, tokens, cell)
+        assert cell.tokens == cell.length
+        assert abs(cell.bits_per_token - whole) < PREFIX_TOLERANCE_BITS, cell
+        if past is None:
+            assert cell.tail_bits_per_token is None
+        else:
+            assert cell.tail_bits_per_token is not None
+            assert abs(cell.tail_bits_per_token - past) < PREFIX_TOLERANCE_BITS, cell
+
+
 def test_sweep_cells_equal_score_sent_alone(zoo: PEClient, zoo_server: LiveServer) -> None:
     before = requests_seen(zoo_server)
     result = sweep(
-        zoo, text=TEXT, lengths=[400, 128], scalings=["none", "yarn:factor=2|4", "linear:factor=2"]
+        zoo, text=TEXT, lengths=[400, 128, 300], scalings=["none", "yarn:factor=2|4", "linear:factor=2"]
     )
-    assert count(requests_seen(zoo_server), "/score", "200") - count(before, "/score", "200") == 8
+    # One pass per scaling, at 400 tokens; the 128- and 300-token cells are its prefixes.
+    assert scores_sent(zoo_server, before) == 4
     assert result.model == "zoo-rope"
     assert [
         (cell.length, cell.scaling.type, getattr(cell.scaling, "factor", None)) for cell in result.cells
     ] == [
-        (128, "none", None),
-        (400, "none", None),
-        (128, "yarn", 2.0),
-        (400, "yarn", 2.0),
-        (128, "yarn", 4.0),
-        (400, "yarn", 4.0),
-        (128, "linear", 2.0),
-        (400, "linear", 2.0),
+        (length, scaling, factor)
+        for scaling, factor in [("none", None), ("yarn", 2.0), ("yarn", 4.0), ("linear", 2.0)]
+        for length in (128, 300, 400)
     ]
-    tokens = zoo.tokenize(TEXT[:2000])
-    for cell in result.cells:
-        whole, past = bits_alone(zoo, tokens, cell)
-        assert cell.tokens == cell.length
-        assert abs(cell.bits_per_token - whole) < TOLERANCE_BITS
-        if past is None:
-            assert cell.tail_bits_per_token is None
-        else:
-            assert (
-                cell.tail_bits_per_token is not None and abs(cell.tail_bits_per_token - past) < TOLERANCE_BITS
-            )
+    assert_cells_equal_score_alone(zoo, result)
     # Past the native context the scalings part ways; within it linear x2 already differs from none.
     by_key = {(cell.length, cell.scaling.model_dump_json()): cell.bits_per_token for cell in result.cells}
     assert len(set(by_key.values())) == len(by_key)
+
+
+def test_length_dependent_scalings_keep_one_pass_per_length(zoo: PEClient, zoo_server: LiveServer) -> None:
+    """Dynamic NTK's base follows the total length and LongRoPE's table switches past the original
+    context, so a long pass's prefix is not a short pass: those cells are each their own `/score`,
+    beside a fixed scaling's single pass."""
+    lengths = [128, 300, 400]
+    before = requests_seen(zoo_server)
+    result = sweep(zoo, text=TEXT, lengths=lengths, scalings=["ntk:factor=2", "dynamic:factor=8", LONGROPE])
+    assert scores_sent(zoo_server, before) == 1 + 2 * len(lengths)
+    assert [(cell.scaling.type, cell.length) for cell in result.cells] == [
+        (kind, length) for kind in ("ntk", "dynamic", "longrope") for length in lengths
+    ]
+    assert_cells_equal_score_alone(zoo, result)
+    # Why: a 400-token pass's prefix is not a shorter pass (dynamic: another bucket of the base;
+    # LongRoPE: the long factors where 128 tokens take the short ones).
+    tokens = zoo.tokenize(TEXT[:4000])
+    differing = [("dynamic", 128), ("dynamic", 300), ("longrope", 128)]
+    for cell in [cell for cell in result.cells if (cell.scaling.type, cell.length) in differing]:
+        prefix = zoo.score(tokens=tokens[:400], pe_scaling=cell.scaling).token_logprobs[1 : cell.length]
+        from_long_pass = -math.fsum(float(lp) for lp in prefix if lp is not None) / len(prefix) / math.log(2)
+        assert abs(from_long_pass - cell.bits_per_token) > PREFIX_TOLERANCE_BITS, cell
 
 
 def test_async_sweep_one_at_a_time_equals_all_at_once(zoo: PEClient, zoo_server: LiveServer) -> None:
@@ -140,7 +175,9 @@ def test_cli_sweep_prints_json_table_and_plots(
     text_file.write_text(TEXT[:3000], encoding="utf-8")
     common = ["--url", zoo_server.base_url, "sweep", "--text-file", str(text_file), "--lengths", "100,300"]
     grid = ["--scaling", "none", "--scaling", "yarn:factor=2|4,original_max_position_embeddings=256"]
+    before = requests_seen(zoo_server)
     assert main([*common, *grid, "--json", "--plot", str(tmp_path / "sweep.svg"), "--progress"]) == 0
+    assert scores_sent(zoo_server, before) == 3  # one pass per scaling
     out, err = capsys.readouterr()
     printed = json.loads(out)
     assert set(printed) == {"model", "cells", "wall_s"}
@@ -156,7 +193,7 @@ def test_cli_sweep_prints_json_table_and_plots(
     }
     assert [cell["tail_bits_per_token"] is None for cell in printed["cells"]] == [True, False] * 3
     assert "6/6 cells" in err  # the progress bar, on stderr
-    assert "<svg" in (tmp_path / "sweep.svg").read_text()
+    assert svg_panels(tmp_path / "sweep.svg") == 2  # the whole prefix, and past native
 
     monkeypatch.setattr("sys.stdin", text_file.open(encoding="utf-8"))
     plot = tmp_path / "sweep.png"
@@ -165,6 +202,30 @@ def test_cli_sweep_prints_json_table_and_plots(
     table = capsys.readouterr().out
     assert "yarn x2 (orig=256)" in table and "past 256" in table
     assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def svg_panels(path: Path) -> int:
+    """The axes matplotlib drew in an SVG plot (each is a `<g id="axes_N">`)."""
+    text = path.read_text()
+    assert "<svg" in text
+    return len(re.findall(r'<g id="axes_\d+">', text))
+
+
+def test_a_sweep_within_the_native_context_plots_no_empty_panel(
+    zoo_server: LiveServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No length past the native 256: no tail figure, so the plot is the whole-prefix panel alone."""
+    text_file = tmp_path / "text.txt"
+    text_file.write_text(TEXT[:3000], encoding="utf-8")
+    plot = tmp_path / "within.svg"
+    args = ["--url", zoo_server.base_url, "sweep", "--text-file", str(text_file), "--lengths", "64,200"]
+    assert (
+        main([*args, "--scaling", "none", "--scaling", "linear:factor=2", "--json", "--plot", str(plot)]) == 0
+    )
+    printed = json.loads(capsys.readouterr().out)
+    assert [cell["tail_bits_per_token"] for cell in printed["cells"]] == [None] * 4
+    assert svg_panels(plot) == 1
+    assert "whole prefix" in plot.read_text() and "past native" not in plot.read_text()
 
 
 @pytest.mark.parametrize(
@@ -202,10 +263,11 @@ def test_the_sdk_raises_grid_errors_too(zoo: PEClient) -> None:
 
 
 def test_an_interrupted_sweep_cancels_its_requests_in_flight(zoo_server: LiveServer) -> None:
-    """Cancelled at the first finished cell: every other cell's request is closed, and the server
-    cancels it (499) rather than scoring it for nobody."""
+    """Cancelled at the first finished cell: every other pass's request is closed, and the server
+    cancels it (499) rather than scoring it for nobody. Dynamic NTK's 64-token cell is a pass of its
+    own, done first; the others are one full-length pass per scaling."""
     before = requests_seen(zoo_server)
-    scalings = ["none", "linear:factor=8", "ntk:factor=8", "yarn:factor=8"]
+    scalings = ["none", "linear:factor=8", "ntk:factor=8", "yarn:factor=8", "dynamic:factor=8"]
     finished: list[SweepCell] = []
 
     async def interrupted() -> None:
@@ -223,18 +285,18 @@ def test_an_interrupted_sweep_cancels_its_requests_in_flight(zoo_server: LiveSer
                 )
 
     asyncio.run(interrupted())
-    cells = 2 * len(scalings)
+    passes = len(scalings) + 1  # dynamic's two lengths are two passes
     seen = requests_seen(zoo_server)
     for _ in range(100):  # the server notices a closed connection within a few engine steps
         cancelled = count(seen, "/score", "499") - count(before, "/score", "499")
         scored = count(seen, "/score", "200") - count(before, "/score", "200")
-        if cancelled + scored == cells:
+        if cancelled + scored == passes:
             break
         asyncio.run(asyncio.sleep(0.1))
         seen = requests_seen(zoo_server)
     assert finished  # cancelled at the first cell back (others may land in the same loop turn)
-    assert cancelled + scored == cells
-    assert cancelled >= len(scalings)  # at least every full-length cell was still running
+    assert cancelled + scored == passes
+    assert cancelled >= len(scalings)  # at least every full-length pass was still running
 
 
 def test_passkey_sdk_and_cli(

@@ -44,7 +44,7 @@ from pe_client.passkey import PasskeyResult, async_passkey
 from pe_client.ruler import RulerResult, async_ruler
 from pe_client.ruler_tasks import TASKS, check_tasks
 from pe_client.scaling import PEScaling, ScalingType, parse_scaling
-from pe_client.sweep import SweepResult, async_sweep
+from pe_client.sweep import PASSES_IN_FLIGHT, SweepResult, async_sweep
 from pe_client.types import (
     GenerateRequest,
     GenerateResponse,
@@ -123,7 +123,10 @@ def _parser() -> argparse.ArgumentParser:
     models.set_defaults(run=_run_models)
 
     sweep = commands.add_parser("sweep", help="bits per token of a text by length, under a grid of scalings")
-    _add_lab_options(sweep)
+    _add_lab_options(
+        sweep,
+        concurrency_default=f"{PASSES_IN_FLIGHT} passes: one per scaling, per length for dynamic/longrope",
+    )
     text = sweep.add_mutually_exclusive_group(required=True)
     text.add_argument("--text-file", type=Path, metavar="FILE", help="the text to score; - reads stdin")
     text.add_argument("--corpus", choices=sorted(CORPORA), help="a text the client knows by name")
@@ -165,7 +168,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_lab_options(parser: argparse.ArgumentParser, *, scaling_required: bool = True) -> None:
+def _add_lab_options(
+    parser: argparse.ArgumentParser,
+    *,
+    scaling_required: bool = True,
+    concurrency_default: str = "all at once",
+) -> None:
     """The options every lab command takes; without `--scaling`, `ruler` runs unscaled."""
     parser.add_argument("--model", default=None, help="default: the server's default model")
     parser.add_argument("--lengths", type=_ints, required=True, help="comma-separated token counts")
@@ -183,7 +191,11 @@ def _add_lab_options(parser: argparse.ArgumentParser, *, scaling_required: bool 
         "--plot", type=Path, metavar="FILE", help="write a plot (.png or .svg; pe-client[plot])"
     )
     parser.add_argument(
-        "--concurrency", type=int, default=None, metavar="N", help="requests in flight (default: all at once)"
+        "--concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"requests in flight (default: {concurrency_default})",
     )
     parser.add_argument(
         "--progress",

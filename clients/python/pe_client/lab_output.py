@@ -168,22 +168,39 @@ def check_plot_path(path: Path) -> None:
 
 
 def plot_sweep(result: SweepResult, path: Path) -> None:
-    """Bits per token against length, one line per scaling: the whole prefix, and past native."""
+    """Bits per token against length, one line per scaling: the whole prefix, and past native.
+
+    Only panels with data are drawn: without a length past the native context there is no tail
+    figure, and the plot is the whole-prefix panel alone.
+    """
     plt = _pyplot()
-    figure, (whole, tail) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
-    for name, cells in _by_scaling(result):
-        lengths = [cell.length for cell in cells]
-        whole.plot(lengths, [cell.bits_per_token for cell in cells], marker="o", label=name)
-        past = [
-            (cell.length, cell.tail_bits_per_token) for cell in cells if cell.tail_bits_per_token is not None
-        ]
-        if past:
-            tail.plot(*zip(*past, strict=True), marker="o", label=name)
-    for axes, title in ((whole, "whole prefix"), (tail, f"tokens past native {result.native_context}")):
+    rows = _by_scaling(result)
+    panels = [
+        (
+            "whole prefix",
+            [(name, [(cell.length, cell.bits_per_token) for cell in cells]) for name, cells in rows],
+        ),
+        (
+            f"tokens past native {result.native_context}",
+            [
+                (
+                    name,
+                    [(c.length, c.tail_bits_per_token) for c in cells if c.tail_bits_per_token is not None],
+                )
+                for name, cells in rows
+            ],
+        ),
+    ]
+    drawn = [(title, lines) for title, lines in panels if any(points for _, points in lines)]
+    figure, axes_row = plt.subplots(1, len(drawn), figsize=(6 * len(drawn), 4.5), squeeze=False)
+    for axes, (title, lines) in zip(axes_row[0], drawn, strict=True):
+        for name, points in lines:
+            if points:
+                axes.plot(*zip(*points, strict=True), marker="o", label=name)
         _length_axis(axes, result.native_context)
         axes.set_title(f"{result.model}: {title}")
         axes.set_ylabel("bits per token")
-    whole.legend(fontsize="small")
+    axes_row[0][0].legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)

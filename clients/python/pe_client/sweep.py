@@ -1,8 +1,16 @@
 """Scaling sweeps: bits per token of one text at several lengths under several scalings.
 
-Every (length, scaling) cell is one `/score` of the text's first `length` tokens, and all cells are
-sent together, so one resident model runs them in shared batches: no restart per configuration,
-which is what a context-extension study costs on any other server.
+A (length, scaling) cell is the mean −log2 p of the text's first `length` tokens, as `/score` of
+those tokens gives it. The cells of one scaling are prefixes of the same text, and a causal model
+scores a prefix as it scores the whole, so each scaling is scored once, at its longest length, and
+its shorter cells are read off that pass's per-token log-probabilities: a grid costs one pass per
+configuration, not one per cell. The exception is a scaling whose positions depend on the total
+length (dynamic NTK's base follows it, LongRoPE switches tables at the original context): a long
+pass's prefix is not what a short pass computes, so those keep one pass per length.
+
+The passes go out together (a bounded number at a time), so one resident model runs them in shared
+batches: no restart per configuration, which is what a context-extension study costs on any other
+server.
 """
 
 from __future__ import annotations
@@ -16,12 +24,22 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer
 from pe_client._lab import checked_card, gather_all, run_with_twin
 from pe_client.async_client import AsyncPEClient
 from pe_client.client import PEClient
+from pe_client.errors import PEServeError
 from pe_client.grid import GridError, ScalingSpec, parse_specs
 from pe_client.scaling import PEScaling
 from pe_client.types import ModelInfo, ScoreRequest
 
 # Characters first sent to /tokenize per token wanted; doubled until the text yields enough tokens.
 _CHARS_PER_TOKEN_GUESS = 4
+
+LENGTH_DEPENDENT_SCALINGS = frozenset({"dynamic", "longrope"})
+"""Scaling types whose positions depend on the sequence's total length (the server gives every
+position the table for the whole sequence): a prefix of a long pass differs from a short pass."""
+
+PASSES_IN_FLIGHT = 16
+"""`/score` passes a sweep keeps in flight by default: the server's default scoring places
+(`--max-batch-size`), so one engine step can batch them all, and a large grid of length-dependent
+cells stays well under the server's queue limit."""
 
 
 class SweepCell(BaseModel):
@@ -67,29 +85,61 @@ async def async_sweep(
 
     `scalings` are SPEC strings (`"yarn:factor=2|4"`) or typed scalings. The grid is checked before
     anything is scored (GridError): SPECs, ranges, lengths against the model's `max_context`, and
-    the scalings its scheme takes. `concurrency` caps the cells in flight (None: all at once;
-    1: one after another). `on_cell` is called as each cell completes (a progress bar, say). Long
-    texts need a client whose timeout allows a long scoring.
+    the scalings its scheme takes. Each scaling is one `/score` at the longest length, its shorter
+    cells read from that pass's prefix (`score_passes`); a length-dependent scaling (dynamic,
+    longrope) is one `/score` per length. `concurrency` caps the passes in flight (None:
+    `PASSES_IN_FLIGHT`; 1: one after another). `on_cell` is called for each cell as its pass
+    completes (a progress bar, say). Long texts need a client whose timeout allows a long scoring.
     """
     grid = parse_specs(scalings)
     card, checked = await checked_card(client, model, lengths, grid)
     tokens = await leading_tokens(client, text, checked[-1], card.name)
     started = time.perf_counter()
+    passes = score_passes(grid, checked)
 
-    def job(length: int, scaling: PEScaling) -> Callable[[], Awaitable[SweepCell]]:
-        return lambda: _score_cell(client, card, tokens[:length], scaling)
+    def job(scaling: PEScaling, length: int, cells: list[int]) -> Callable[[], Awaitable[list[SweepCell]]]:
+        return lambda: _score_pass(client, card, tokens[:length], scaling, cells)
 
-    cells = await gather_all(
-        [job(length, scaling) for scaling in grid for length in checked],
-        concurrency=concurrency,
-        on_done=on_cell,
+    def cells_done(cells: list[SweepCell]) -> None:
+        if on_cell is not None:
+            for cell in cells:
+                on_cell(cell)
+
+    scored = await gather_all(
+        [job(scaling, length, cells) for scaling, length, cells in passes],
+        concurrency=PASSES_IN_FLIGHT if concurrency is None else concurrency,
+        on_done=cells_done,
     )
+    # Keyed by the grid's own scaling objects: scalings with list fields (longrope) do not hash.
+    by_place = {
+        (id(scaling), cell.length): cell
+        for (scaling, _, _), cells in zip(passes, scored, strict=True)
+        for cell in cells
+    }
     return SweepResult(
         model=card.name,
-        cells=cells,
+        cells=[by_place[id(scaling), length] for scaling in grid for length in checked],
         wall_s=time.perf_counter() - started,
         native_context=card.native_context,
     )
+
+
+def score_passes(
+    scalings: Sequence[PEScaling], lengths: Sequence[int]
+) -> list[tuple[PEScaling, int, list[int]]]:
+    """The `/score` passes a grid needs, as (scaling, tokens scored, the cells' lengths it gives).
+
+    `lengths` ascending. A scaling whose positions do not depend on the total length is one pass
+    at the longest length giving every cell; a length-dependent one (`LENGTH_DEPENDENT_SCALINGS`)
+    is one pass per length.
+    """
+    passes: list[tuple[PEScaling, int, list[int]]] = []
+    for scaling in scalings:
+        if scaling.type in LENGTH_DEPENDENT_SCALINGS:
+            passes.extend((scaling, length, [length]) for length in lengths)
+        else:
+            passes.append((scaling, lengths[-1], list(lengths)))
+    return passes
 
 
 def sweep(
@@ -102,7 +152,7 @@ def sweep(
     concurrency: int | None = None,
     on_cell: Callable[[SweepCell], None] | None = None,
 ) -> SweepResult:
-    """`async_sweep` for a blocking caller (the cells still go out together)."""
+    """`async_sweep` for a blocking caller (the passes still go out together)."""
     return run_with_twin(
         client,
         lambda twin: async_sweep(
@@ -133,19 +183,30 @@ async def leading_tokens(client: AsyncPEClient, text: str, count: int, model: st
         chars *= 2
 
 
-async def _score_cell(
-    client: AsyncPEClient, card: ModelInfo, tokens: list[int], scaling: PEScaling
-) -> SweepCell:
+async def _score_pass(
+    client: AsyncPEClient, card: ModelInfo, tokens: list[int], scaling: PEScaling, lengths: list[int]
+) -> list[SweepCell]:
+    """One `/score` of `tokens` under `scaling`, and the cell of each length in `lengths` (each at
+    most `len(tokens)`) read from its first tokens' log-probabilities."""
     response = await client.score(ScoreRequest(tokens=tokens, model=card.name, pe_scaling=scaling))
     # token_logprobs[i] predicts token i; the first has no prefix, so logprobs[i - 1] is token i's.
     logprobs = [logprob for logprob in response.token_logprobs[1:] if logprob is not None]
-    past_native = logprobs[card.native_context - 1 :] if len(tokens) > card.native_context else None
+    if len(logprobs) != len(tokens) - 1:
+        raise PEServeError(f"/score returned {len(logprobs)} log-probabilities for {len(tokens)} tokens")
+    return [prefix_cell(logprobs, length, scaling, card.native_context) for length in lengths]
+
+
+def prefix_cell(logprobs: Sequence[float], length: int, scaling: PEScaling, native_context: int) -> SweepCell:
+    """The cell of the first `length` tokens from a pass's log-probabilities of tokens 2.. (natural
+    log; at least `length - 1` of them): the mean over tokens 2..length, and over those past the
+    native context (None when `length` does not pass it)."""
+    prefix = logprobs[: length - 1]
     return SweepCell(
-        length=len(tokens),
+        length=length,
         scaling=scaling,
-        tokens=len(tokens),
-        bits_per_token=bits_per_token(logprobs),
-        tail_bits_per_token=None if past_native is None else bits_per_token(past_native),
+        tokens=length,
+        bits_per_token=bits_per_token(prefix),
+        tail_bits_per_token=bits_per_token(prefix[native_context - 1 :]) if length > native_context else None,
     )
 
 
