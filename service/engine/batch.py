@@ -28,6 +28,7 @@ from pe_runtime import RopeScaling
 from service.engine.budget import ChunkPlan, plan_chunk
 from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest
+from service.model.attention_rules import AttentionRule
 from service.model.backend import Backend
 from service.model.fast_decode import FastDecoder
 from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows, prefix_keys
@@ -178,7 +179,8 @@ class ModelBatch:
     def _prefix(self, request: GenerationRequest, scaling: RopeScaling) -> list[bytes]:
         """The keys of the prompt's whole blocks, or none where its blocks must stay its own.
 
-        The root names the scaling with every parameter and the table the prompt is read with.
+        The root names the scaling with every parameter, the table the prompt is read with and
+        the attention rule (`pe_attention`), if any.
         A row whose table changes before it ends (bucketed dynamic NTK crossing a bucket,
         LongRoPE crossing the original length) is recomputed in place then, so it neither
         shares nor publishes; dynamic NTK in "hf" mode keeps its entries and may share, as
@@ -192,7 +194,9 @@ class ModelBatch:
         changes = table != positions.table_key(scaling, _reach(request))
         if changes and not positions.keeps_cached_keys(scaling):
             return []
-        return prefix_keys((scaling, table), request.prompt_tokens, self.pool.block_size)
+        # Past the first layer every entry depends on how attention placed the keys before it.
+        root = (scaling, table) if request.attention is None else (scaling, table, request.attention)
+        return prefix_keys(root, request.prompt_tokens, self.pool.block_size)
 
     def prefill_chunk(self, budget: int) -> tuple[StepOutcome, int]:
         """Advance every prefilling row by a chunk that fits `budget` units (`plan_chunk`).
@@ -223,7 +227,12 @@ class ModelBatch:
         scalings = [sequence.scaling for sequence in sequences]
         if plan.layers_per_step < plan.layers and not stale_rows(self.model, group.view, scalings, lengths):
             stages = self.model.forward_stages(
-                self._tokens(chunks), scaling=scalings, cache=group.view, table_lengths=lengths, counts=counts
+                self._tokens(chunks),
+                scaling=scalings,
+                cache=group.view,
+                table_lengths=lengths,
+                counts=counts,
+                attention=_rules(sequences),
             )
             self._spread = _SpreadChunk(sequences, list(group.rows), chunks, lengths, counts, plan, stages)
             return self._continue_spread()
@@ -242,7 +251,13 @@ class ModelBatch:
             self._spread = None
             scalings = [sequence.scaling for sequence in spread.sequences]
             result = self._run_rows_alone(
-                spread.rows, spread.chunks, scalings, spread.table_lengths, spread.counts, {}
+                spread.rows,
+                spread.chunks,
+                scalings,
+                _rules(spread.sequences),
+                spread.table_lengths,
+                spread.counts,
+                {},
             )
             return self._prefilled(spread.sequences, spread.counts, result), spread.plan.cost_per_step
         if logits is None:
@@ -311,24 +326,25 @@ class ModelBatch:
         *,
         fast: bool = False,
     ) -> _PassResult:
-        """One pass over the group; if it raises, each row alone from its untouched state."""
+        """One pass over the group; if it raises, each row alone from its untouched state.
+
+        The fast decoder runs groups without attention rules; a group with one runs on the model's
+        own layers, which place each row's keys by its rule (`service.model.rule_attention`).
+        """
         scalings = [sequence.scaling for sequence in group.sequences]
-        failed = self._refresh(group.view, scalings, table_lengths)
+        rules = _rules(group.sequences)
+        failed = self._refresh(group.view, scalings, rules, table_lengths)
+        decoder = self.fast if rules is None and not failed else None
         try:
-            if fast and not failed and self.fast is not None and self.fast.covers(group.view.lengths):
-                logits = self.fast.decode(group.view, [chunk[0] for chunk in chunks], scalings)
-            elif (
-                not fast
-                and not failed
-                and self.fast is not None
-                and self.fast.prefills(group.view.lengths, counts)
-            ):
-                logits = self.fast.prefill(group.view, chunks, counts, scalings, table_lengths)
+            if fast and decoder is not None and decoder.covers(group.view.lengths):
+                logits = decoder.decode(group.view, [chunk[0] for chunk in chunks], scalings)
+            elif not fast and decoder is not None and decoder.prefills(group.view.lengths, counts):
+                logits = decoder.prefill(group.view, chunks, counts, scalings, table_lengths)
             else:
-                logits = self._forward(group.view, chunks, scalings, table_lengths, counts)
+                logits = self._forward(group.view, chunks, scalings, rules, table_lengths, counts)
         except Exception:
             logger.exception("a batched pass failed; rerunning its rows one by one")
-            return self._run_rows_alone(group.rows, chunks, scalings, table_lengths, counts, failed)
+            return self._run_rows_alone(group.rows, chunks, scalings, rules, table_lengths, counts, failed)
         ran = [row for row in range(len(group)) if row not in failed]
         return _PassResult(ran, logits if len(ran) == len(group) else logits[ran], failed)
 
@@ -337,6 +353,7 @@ class ModelBatch:
         rows: list[PagedRow],
         chunks: Sequence[tuple[int, ...]],
         scalings: list[RopeScaling],
+        rules: list[AttentionRule | None] | None,
         table_lengths: list[int],
         counts: list[int],
         failed: dict[int, Exception],
@@ -349,7 +366,12 @@ class ModelBatch:
             try:
                 alone = PagedRows(self.pool, [paged])
                 logits[row] = self._forward(
-                    alone, chunks[span], scalings[span], table_lengths[span], counts[span]
+                    alone,
+                    chunks[span],
+                    scalings[span],
+                    rules[span] if rules is not None else None,
+                    table_lengths[span],
+                    counts[span],
                 )[0]
             except Exception as error:
                 failed[row] = error
@@ -362,14 +384,19 @@ class ModelBatch:
         return _PassResult([], empty, failed or {})
 
     def _refresh(
-        self, rows: PagedRows, scalings: Sequence[RopeScaling], table_lengths: Sequence[int]
+        self,
+        rows: PagedRows,
+        scalings: Sequence[RopeScaling],
+        rules: Sequence[AttentionRule | None] | None,
+        table_lengths: Sequence[int],
     ) -> dict[int, Exception]:
         """Recompute rows whose table changed; a row whose recomputation raises fails alone."""
         failed: dict[int, Exception] = {}
         for row in stale_rows(self.model, rows, scalings, table_lengths):
             try:
                 with torch.inference_mode():
-                    recompute_row(self.model, rows, row, scalings[row], table_lengths[row])
+                    rule = rules[row] if rules is not None else None
+                    recompute_row(self.model, rows, row, scalings[row], table_lengths[row], rule)
             except Exception as error:
                 failed[row] = error
         return failed
@@ -379,6 +406,7 @@ class ModelBatch:
         rows: PagedRows,
         chunks: Sequence[tuple[int, ...]],
         scalings: Sequence[RopeScaling],
+        rules: Sequence[AttentionRule | None] | None,
         table_lengths: Sequence[int],
         counts: Sequence[int],
     ) -> Tensor:
@@ -389,8 +417,15 @@ class ModelBatch:
                 cache=rows,
                 table_lengths=list(table_lengths),
                 counts=list(counts),
+                attention=rules,
             )[:, -1]  # [N, V] at each row's last real token
         return logits.float()
+
+
+def _rules(sequences: Sequence[RunningSequence]) -> list[AttentionRule | None] | None:
+    """Each row's attention rule (`pe_attention`), or None when every row attends as trained."""
+    rules = [sequence.request.attention for sequence in sequences]
+    return rules if any(rule is not None for rule in rules) else None
 
 
 def _reusable(request: GenerationRequest) -> int:

@@ -14,6 +14,7 @@ from pe_runtime import PEConfigError, RopeScaling
 from service.engine.errors import ContextLengthError, InvalidRequestError, ModelNotFoundError
 from service.engine.models import ModelSpec
 from service.engine.types import (
+    ATTENTION_FIELD,
     MAX_PENALTY,
     MAX_STOP_TOKEN_IDS,
     MAX_TOP_LOGPROBS,
@@ -25,8 +26,9 @@ from service.engine.types import (
     ScoringRequest,
     TokenizerInfo,
 )
+from service.model.attention_rules import AttentionRule
 from service.model.config import SCHEMES
-from service.model.positional import check_supported_scaling
+from service.model.positional import check_supported_attention, check_supported_scaling
 
 # The first token has no prefix, so at least two are needed for one prediction to score.
 MIN_SCORED_TOKENS = 2
@@ -67,17 +69,25 @@ class ModelCatalog:
             raise InvalidRequestError(f"unknown scheme {scheme!r}; expected one of {SCHEMES}", param="pe")
         raise ModelNotFoundError(f"no loaded model uses the {scheme!r} scheme", param="pe")
 
-    def resolve_pe(self, model: str, scaling: RopeScaling | None, total_length: int) -> PEInfo:
+    def resolve_pe(
+        self,
+        model: str,
+        scaling: RopeScaling | None,
+        total_length: int,
+        attention: AttentionRule | None = None,
+    ) -> PEInfo:
         spec = self.spec(model)
         if scaling is not None:
             check_scaling_supported(spec.info, scaling.type)
+        if attention is not None:
+            check_attention_supported(spec.info, attention)
         if total_length > spec.info.max_context:
             raise ContextLengthError(
                 f"prompt plus max_new_tokens is {total_length} tokens, over the max_context of "
                 f"{spec.name!r} ({spec.info.max_context})",
                 param="max_new_tokens",
             )
-        return spec.resolve_pe(scaling, total_length)
+        return spec.resolve_pe(scaling, total_length, attention)
 
     def tokenize(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return self.spec(model).encode(text, add_special_tokens=add_special_tokens)
@@ -104,7 +114,7 @@ class ModelCatalog:
                     f"top_logprobs is out of range: {request.top_logprobs!r}", param="top_logprobs"
                 )
         check_tokens(info, tokens, field="tokens", minimum=minimum)
-        return self.resolve_pe(request.model, request.scaling, len(tokens) + new_tokens)
+        return self.resolve_pe(request.model, request.scaling, len(tokens) + new_tokens, request.attention)
 
 
 def check_scaling_supported(info: ModelInfo, scaling_type: str) -> None:
@@ -114,6 +124,16 @@ def check_scaling_supported(info: ModelInfo, scaling_type: str) -> None:
     except PEConfigError as error:
         raise InvalidRequestError(
             f"model {info.name!r}: {error.message}", param=SCALING_FIELD + ".type"
+        ) from None
+
+
+def check_attention_supported(info: ModelInfo, rule: AttentionRule) -> None:
+    """A rule the model's scheme cannot apply is refused, never ignored (`pe_attention.type`)."""
+    try:
+        check_supported_attention(info.scheme, rule)
+    except PEConfigError as error:
+        raise InvalidRequestError(
+            f"model {info.name!r}: {error.message}", param=ATTENTION_FIELD + ".type"
         ) from None
 
 

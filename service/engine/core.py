@@ -37,6 +37,7 @@ from service.engine.sampler import sample_rows
 from service.engine.scoring import SCORE_PATHS, ChunkedScorer, cached_positions
 from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest, PEInfo, ScoreResult, ScoringRequest, Timing
+from service.model.attention_rules import attention_label
 from service.model.backend import Backend, BackendChoice, choose_backend
 from service.model.fast_decode import DEFAULT_MAX_WINDOW, FastDecoder, window_bucket
 from service.model.kernels.logit_rows import logit_rows
@@ -124,6 +125,8 @@ class EngineCore:
         for name in self._models:
             for path in SCORE_PATHS:
                 _scored_positions().labels(name, path)  # every series from 0, for rate()
+            for rule in self._models[name].spec.info.supported_attention:
+                _attention_requests().labels(name, rule)
         self._waiting: dict[str, deque[Job]] = {name: deque() for name in self._models}
         self._scoring: list[_ScoreJob] = []  # admitted documents, in arrival order
         self._cancelled: set[int] = set()
@@ -134,6 +137,7 @@ class EngineCore:
     def add(self, job: Job) -> None:
         """Queue a generation or a document for its model's pool (`_admit`)."""
         self._waiting[job.request.model].append(job)
+        _attention_requests().labels(job.request.model, attention_label(job.request.attention)).inc()
 
     def cancel(self, key: int) -> None:
         """Drop the job at the next step, wherever it is; unknown keys are ignored."""
@@ -258,6 +262,7 @@ class EngineCore:
             self._models[request.model].effective_scaling(request.scaling),
             fast=batch.fast,
             top_logprobs=request.top_logprobs,
+            attention=request.attention,
         )
         self._scoring.append(_ScoreJob(job, request, batch.pool, row, scorer, now))
 
@@ -375,6 +380,17 @@ def _scored_positions() -> Counter:
         "Positions of /score documents run, by the pass that ran them: c (the C pass) or eager "
         "(the model's own layers).",
         ["model", "path"],
+    )
+
+
+@functools.cache
+def _attention_requests() -> Counter:
+    """`pe_attention_requests_total`: made as `_scored_positions` is, for the same reason."""
+    return Counter(
+        "pe_attention_requests",
+        "Generations and documents queued, by the attention rule they run under (`pe_attention`: "
+        "its type, with '+logn' when it scales queries).",
+        ["model", "attention"],
     )
 
 

@@ -27,6 +27,7 @@ from service.engine.types import (
     ScoringRequest,
     TokenizerInfo,
 )
+from service.model.attention_rules import AttentionRule
 
 
 class EngineFrontend(ABC):
@@ -49,8 +50,14 @@ class EngineFrontend(ABC):
     def resolve_model(self, model: str | None, scheme: str | None) -> ModelInfo:
         return self.catalog.resolve_model(model, scheme)
 
-    def resolve_pe(self, model: str, scaling: RopeScaling | None, total_length: int) -> PEInfo:
-        return self.catalog.resolve_pe(model, scaling, total_length)
+    def resolve_pe(
+        self,
+        model: str,
+        scaling: RopeScaling | None,
+        total_length: int,
+        attention: AttentionRule | None = None,
+    ) -> PEInfo:
+        return self.catalog.resolve_pe(model, scaling, total_length, attention)
 
     def tokenize(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return self.catalog.tokenize(model, text, add_special_tokens=add_special_tokens)

@@ -17,11 +17,12 @@ import torch
 from pe_runtime import PECache, PEConfigError, RopeScaling, rope_inv_freq, rope_seq_len_key
 from service.engine.errors import ContextLengthError, InvalidRequestError
 from service.engine.types import SCALING_FIELD, ModelInfo, PEInfo, TokenizerInfo
+from service.model.attention_rules import AttentionRule
 from service.model.checkpoint import is_checkpoint, load_checkpoint, read_config, training_method
 from service.model.config import ModelConfig
 from service.model.gguf_file import gguf_path, model_name, read_gguf
 from service.model.hf import build_hf_model, is_hf_checkpoint, load_hf_checkpoint, packed_blocks_by_layer
-from service.model.positional import SUPPORTED_SCALINGS, default_scaling
+from service.model.positional import SUPPORTED_ATTENTION, SUPPORTED_SCALINGS, default_scaling
 from service.model.quantized import PackedBlocks, quantize_weights
 from service.model.transformer import Transformer
 from service.tokenizers import ByteTokenizer, HFTokenizer, TextTokenizer, hf_tokenizer_info
@@ -43,7 +44,9 @@ class ModelSpec:
         """A request's scaling replaces the model's own; None keeps the model's."""
         return scaling if scaling is not None else self.default_scaling
 
-    def resolve_pe(self, scaling: RopeScaling | None, total_length: int) -> PEInfo:
+    def resolve_pe(
+        self, scaling: RopeScaling | None, total_length: int, attention: AttentionRule | None = None
+    ) -> PEInfo:
         """What `scaling` resolves to at `total_length` tokens (prompt + new tokens), or why it cannot.
 
         The catalog has checked the scheme and the context first; what is left depends on the
@@ -59,6 +62,7 @@ class ModelSpec:
             attention_factor=self._attention_factor(effective, total_length),
             native_context=config.native_context,
             max_context=self.info.max_context,
+            attention=attention,
         )
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
@@ -185,6 +189,7 @@ def load_served_model(
         native_context=config.native_context,
         max_context=min(max_context, config.sliding_window or max_context),
         supported_scalings=SUPPORTED_SCALINGS[config.pe],
+        supported_attention=SUPPORTED_ATTENTION[config.pe],
         parameters=sum(parameter.numel() for parameter in model.parameters()),
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),

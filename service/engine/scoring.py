@@ -35,6 +35,7 @@ from service.engine.budget import ChunkPlan, chunk_cost, plan_chunk
 from service.engine.errors import RequestFailedError
 from service.engine.sampler import top_alternatives
 from service.engine.types import TopLogprobs
+from service.model.attention_rules import AttentionRule
 from service.model.fast_decode import FastDecoder
 from service.model.paged_cache import PagedKVCache, PagedRows
 from service.model.transformer import Stages, Transformer, run_layers
@@ -65,11 +66,13 @@ class ChunkedScorer:
         *,
         fast: FastDecoder | None = None,
         top_logprobs: int = 0,
+        attention: AttentionRule | None = None,
     ) -> None:
         self.model = model
         self.rows = rows
         self.scaling = scaling if scaling is not None else model.positions.default_scaling
-        self.fast = fast
+        self.attention = attention
+        self.fast = fast if attention is None else None  # the C pass runs no attention rule
         self.top_logprobs = top_logprobs
         self.positions_by_path: dict[ScorePath, int] = dict.fromkeys(SCORE_PATHS, 0)
         self._tokens = list(tokens)
@@ -107,6 +110,7 @@ class ChunkedScorer:
                 scaling=self.scaling,
                 cache=self.rows,
                 table_lengths=[len(self._tokens)],
+                attention=self.attention,
             )
             self._spread = (targets, plan, stages)
         targets, plan, stages = self._spread
@@ -146,16 +150,20 @@ class ChunkedScorer:
 
 
 def score_tokens(
-    model: Transformer, tokens: Sequence[int], scaling: RopeScaling | None = None
+    model: Transformer,
+    tokens: Sequence[int],
+    scaling: RopeScaling | None = None,
+    attention: AttentionRule | None = None,
 ) -> list[float | None]:
     """`[None, log p(t1 | t0), log p(t2 | t0 t1), ...]` on the eager pass, in one chunk, over a pool
-    of its own; `scaling=None` is the model's default."""
+    of its own; `scaling=None` is the model's default, `attention=None` standard attention."""
     weight = model.embed_tokens.weight
     positions = cached_positions(tokens)
     pool = PagedKVCache.within(
         model.config, 0, min_tokens=positions, device=weight.device, dtype=weight.dtype
     )
-    scorer = ChunkedScorer(model, tokens, PagedRows(pool, [pool.allocate(positions)]), scaling)
+    rows = PagedRows(pool, [pool.allocate(positions)])
+    scorer = ChunkedScorer(model, tokens, rows, scaling, attention=attention)
     while scorer.remaining:
         scorer.advance(chunk_cost(1, scorer.remaining, 0))  # a budget that fits all in one pass
     return scorer.result()

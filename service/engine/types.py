@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from pe_runtime import RopeScaling
+from service.model.attention_rules import AttentionRule
 from service.model.config import Scheme as Scheme  # the scheme names belong to the contract too
 
 FinishReason = Literal["length", "stop", "eos", "cancelled", "error"]
@@ -20,6 +21,8 @@ ClientFinishReason = Literal["length", "stop", "eos"]
 
 # The request field that carries the scaling, named in every error about it.
 SCALING_FIELD = "pe_scaling"
+# The request field that carries the attention rule (`service.model.attention_rules`).
+ATTENTION_FIELD = "pe_attention"
 
 
 # Bounds of the sampling controls, shared by the engine's own checks and the API's schemas.
@@ -77,7 +80,8 @@ class Resumed:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """A generation job. `scaling=None` means "the model's own default scaling".
+    """A generation job. `scaling=None` means "the model's own default scaling", `attention=None`
+    standard attention (`pe_attention`).
 
     `stream=False` says the caller wants only the result: the handle then yields the first token's
     event (time to first token stays observable) and the final result, which spares the engine and
@@ -91,6 +95,7 @@ class GenerationRequest:
     scaling: RopeScaling | None = None
     stream: bool = True
     resumed: Resumed | None = None
+    attention: AttentionRule | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,7 @@ class ScoringRequest:
     tokens: tuple[int, ...]
     scaling: RopeScaling | None = None
     top_logprobs: int = 0
+    attention: AttentionRule | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,7 @@ class ModelInfo:
     native_context: int
     max_context: int
     supported_scalings: tuple[str, ...]
+    supported_attention: tuple[str, ...]
     parameters: int
     device: str
     dtype: str
@@ -148,6 +155,7 @@ class PEInfo:
     attention_factor: float
     native_context: int
     max_context: int
+    attention: AttentionRule | None = None  # the resolved `pe_attention`; None: standard
 
 
 @dataclass(frozen=True)
@@ -255,8 +263,15 @@ class Engine(Protocol):
         """Pick the model for a request: raises ModelNotFoundError / InvalidRequestError."""
         ...
 
-    def resolve_pe(self, model: str, scaling: RopeScaling | None, total_length: int) -> PEInfo:
-        """Validate a scaling for a model and length; raises InvalidRequestError/ContextLengthError."""
+    def resolve_pe(
+        self,
+        model: str,
+        scaling: RopeScaling | None,
+        total_length: int,
+        attention: AttentionRule | None = None,
+    ) -> PEInfo:
+        """Validate a scaling and an attention rule for a model and length; raises
+        InvalidRequestError/ContextLengthError."""
         ...
 
     def tokenize(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:

@@ -274,6 +274,13 @@ _RULES: Final[Mapping[str, type[AttentionRule]]] = {
 ATTENTION_TYPES: Final = tuple(_RULES)
 
 
+def attention_label(rule: AttentionRule | None) -> str:
+    """A rule's metrics label: its type, `+logn` when it sets `logn` (None is `standard`)."""
+    if rule is None:
+        return StandardAttention.type
+    return rule.type + ("+logn" if rule.logn is not None else "")
+
+
 def parse_attention(value: Mapping[str, Any]) -> AttentionRule:
     """Build the rule from the SPEC's dict form, e.g. `{"type": "dca", "chunk_size": 6144,
     "local_window": 512, "logn": 8192}`; `type` defaults to `standard`, a `None` field counts as

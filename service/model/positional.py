@@ -49,6 +49,35 @@ SUPPORTED_SCALINGS: dict[Scheme, tuple[str, ...]] = {
 }
 
 
+# Attention rules each scheme can honour (`pe_attention`). Grouping, clamping and chunking move RoPE
+# angles; StreamingLLM only chooses which keys are seen (and, for ALiBi, measures distance in cache
+# slots), so it also serves ALiBi and NoPE. Log-n (`logn`) scales queries and serves every scheme.
+_ROPE_RULES = ("standard", "self_extend", "rerope", "leaky_rerope", "dca", "streaming")
+SUPPORTED_ATTENTION: dict[Scheme, tuple[str, ...]] = {
+    "rope": _ROPE_RULES,
+    "rope_alibi": _ROPE_RULES,
+    "alibi": ("standard", "streaming"),
+    "nope": ("standard", "streaming"),
+    "learned": ("standard",),
+    "sinusoidal": ("standard",),
+    "t5_bias": ("standard",),
+    "transformer_xl": ("standard",),
+    "shaw": ("standard",),
+    "cope": ("standard",),
+}
+
+
+def check_supported_attention(scheme: Scheme, rule: AttentionRule) -> None:
+    """Refuse a rule a scheme cannot apply (field `type`), as `check_supported_scaling` does."""
+    supported = SUPPORTED_ATTENTION[scheme]
+    if rule.type not in supported:
+        raise PEConfigError(
+            f"attention {rule.type!r} does not apply to the {scheme!r} scheme "
+            f"(supported: {', '.join(supported)})",
+            field="type",
+        )
+
+
 def check_supported_scaling(scheme: Scheme, scaling_type: str) -> None:
     """Refuse a scaling a scheme cannot apply rather than silently ignoring it (field `type`)."""
     supported = SUPPORTED_SCALINGS[scheme]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pe_runtime import RopeScaling
+from service.model.attention_rules import AttentionRule
 from service.model.kv_cache import RowCache
 from service.model.transformer import Transformer
 
@@ -33,7 +34,12 @@ def stale_rows(
 
 
 def recompute_row(
-    model: Transformer, cache: RowCache, row: int, scaling: RopeScaling, table_length: int
+    model: Transformer,
+    cache: RowCache,
+    row: int,
+    scaling: RopeScaling,
+    table_length: int,
+    attention: AttentionRule | None = None,
 ) -> None:
     """Rebuild one row's entries from its tokens under the table for `table_length`.
 
@@ -41,5 +47,7 @@ def recompute_row(
     """
     tokens = cache.row_tokens(row).clone()  # [1, L]
     fresh = model.new_cache(1, capacity=tokens.shape[1])
-    model.final_hidden(tokens, scaling=scaling, cache=fresh, table_lengths=[table_length])
+    model.final_hidden(
+        tokens, scaling=scaling, cache=fresh, table_lengths=[table_length], attention=attention
+    )
     cache.replace_row(row, fresh)

@@ -7,7 +7,7 @@ resolved, in `service.requests.prepare`; everything knowable from the body alone
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -27,6 +27,17 @@ class ModelSelection(StrictBody):
     model: str | None = Field(None, min_length=1, max_length=256, description="A name from GET /models.")
     pe: Scheme | None = Field(None, description="Pick the first resident model trained with this scheme.")
     pe_scaling: PEScaling | None = Field(None, description="RoPE scaling; absent: the model's default.")
+    pe_attention: dict[str, Any] | None = Field(
+        None,
+        description=(
+            "How attention places queries and keys: `type` standard, self_extend, rerope, leaky_rerope, "
+            "dca or streaming with its fields, and optional `logn` (docs/attention.md); absent: standard."
+        ),
+        examples=[
+            {"type": "self_extend", "group_size": 4, "window": 1024},
+            {"type": "standard", "logn": 8192},
+        ],
+    )
 
 
 class InferenceInput(ModelSelection):

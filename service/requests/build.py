@@ -54,6 +54,7 @@ def generation_request(
         sampling=sampling,
         scaling=target.scaling,
         stream=stream,
+        attention=target.attention,
     )
 
 
@@ -107,4 +108,5 @@ def scoring_request(
         tokens=tokens,
         scaling=target.scaling,
         top_logprobs=top_logprobs,
+        attention=target.attention,
     )

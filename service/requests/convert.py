@@ -19,6 +19,7 @@ from service.engine.types import (
     Timing,
     TopLogprobs,
 )
+from service.model.attention_rules import StandardAttention
 from service.requests.errors import ErrorKind, RequestError
 from service.requests.responses import (
     GenerateResponse,
@@ -43,6 +44,7 @@ def pe_block(pe: PEInfo) -> PEBlock:
         attention_factor=pe.attention_factor,
         native_context=pe.native_context,
         max_context=pe.max_context,
+        attention=(pe.attention or StandardAttention()).to_dict(),
     )
 
 
@@ -120,6 +122,7 @@ def score_response(model: str, result: ScoreResult, text: TokenText) -> ScoreRes
             if result.top_logprobs is not None
             else None
         ),
+        pe=pe_block(result.pe),
     )
 
 
@@ -130,6 +133,7 @@ def model_card(info: ModelInfo) -> ModelCard:
         native_context=info.native_context,
         max_context=info.max_context,
         supported_scalings=list(info.supported_scalings),
+        supported_attention=list(info.supported_attention),
         parameters=info.parameters,
         device=info.device,
         dtype=info.dtype,

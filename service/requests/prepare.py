@@ -8,23 +8,51 @@ then whether the input fits.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
-from pe_runtime import RopeScaling
-from service.engine.catalog import MIN_SCORED_TOKENS, check_room, check_scaling_supported, check_tokens
-from service.engine.types import Engine, ModelInfo
+from pe_runtime import PEConfigError, RopeScaling
+from service.engine.catalog import (
+    MIN_SCORED_TOKENS,
+    check_attention_supported,
+    check_room,
+    check_scaling_supported,
+    check_tokens,
+)
+from service.engine.errors import EngineError
+from service.engine.types import ATTENTION_FIELD, SCALING_FIELD, Engine, ModelInfo
+from service.model.attention_rules import AttentionRule, StandardAttention, parse_attention
 from service.requests.bodies import GenerateRequest, InferenceInput, ModelSelection
 from service.requests.errors import ErrorKind, RequestError
+from service.requests.model_names import (
+    ALIAS_FLAG,
+    NO_ALIASES,
+    ModelAliases,
+    ModelNameError,
+    merged_field,
+    resolve_name,
+    set_by_name,
+)
 
 RESUME_FIELD = "resume_from"
 
 
 @dataclass(frozen=True)
 class Target:
-    """The model and scaling a request runs with (None: the model's default scaling)."""
+    """The model, scaling and attention rule a request runs with (None: the model's default
+    scaling; standard attention)."""
 
     model: ModelInfo
     scaling: RopeScaling | None
+    attention: AttentionRule | None = None
+    # The model name as the request wrote it, where that is not the model's own (an alias).
+    asked: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The model's name in responses: as the request asked for it."""
+        return self.asked if self.asked is not None else self.model.name
 
 
 @dataclass(frozen=True)
@@ -34,19 +62,70 @@ class PreparedInput:
     resumed: tuple[int, ...] = ()  # a resumed stream's tokens, which its client holds (`resume_from`)
 
 
-def resolve_target(engine: Engine, body: ModelSelection) -> Target:
-    """`model` / `pe` to a resident model, and `pe_scaling` to a scaling that model can apply."""
-    model = engine.resolve_model(body.model, body.pe)
-    requested = body.pe_scaling
+def resolve_target(engine: Engine, body: ModelSelection, aliases: ModelAliases = NO_ALIASES) -> Target:
+    """`model` / `pe` to a resident model, and `pe_scaling` and `pe_attention` to a scaling and a
+    rule that model can apply. `model` may set the two itself (`NAME@SPEC`, an `--alias`:
+    `service.requests.model_names`); what it sets is resolved here as the fields are."""
+    named = resolve_name(engine, body.model, aliases)
+    model = engine.resolve_model(named.model, body.pe)
+    asked = body.model if body.model not in (None, model.name) else None
+    wanted_rule = merged_field(body.model, named.attention, body.pe_attention, ATTENTION_FIELD)
+    requested = merged_field(body.model, named.scaling, body.pe_scaling, SCALING_FIELD)
+    with set_by_name(body.model, named.attention is not None):
+        attention = resolve_attention(model, wanted_rule)
     if requested is None:
-        return Target(model=model, scaling=None)
-    check_scaling_supported(model, requested.type)
-    scaling = RopeScaling.from_hf(requested.to_hf(), max_position_embeddings=model.native_context)
-    return Target(model=model, scaling=scaling)
+        return Target(model=model, scaling=None, attention=attention, asked=asked)
+    with set_by_name(body.model, named.scaling is not None):
+        check_scaling_supported(model, requested.type)
+        scaling = RopeScaling.from_hf(requested.to_hf(), max_position_embeddings=model.native_context)
+    return Target(model=model, scaling=scaling, attention=attention, asked=asked)
+
+
+def resolve_model_name(engine: Engine, name: str | None, aliases: ModelAliases = NO_ALIASES) -> ModelInfo:
+    """The resident model a name stands for, whatever configuration it sets (the tokenizer routes)."""
+    return engine.resolve_model(resolve_name(engine, name, aliases).model, None)
+
+
+def check_aliases(engine: Engine, aliases: ModelAliases) -> None:
+    """At start-up, once the models are loaded: every `--alias` names a resident model, takes no
+    resident model's name, and sets what its model can apply, or ModelNameError names the flag."""
+    resident = {info.name for info in engine.models()}
+    for name, target in aliases.targets.items():
+        try:
+            if name in resident:
+                raise ModelNameError(f"{name!r} is a resident model's name")
+            resolve_target(engine, ModelSelection.model_validate({"model": name}), aliases)
+        except (RequestError, EngineError, PEConfigError) as error:
+            message = error.message if isinstance(error, RequestError | EngineError) else str(error)
+            raise ModelNameError(f"{ALIAS_FLAG} {name}={target}: {message}") from None
+        except ModelNameError as error:
+            raise ModelNameError(f"{ALIAS_FLAG} {name}={target}: {error}") from None
+
+
+def resolve_attention(model: ModelInfo, requested: Mapping[str, Any] | None) -> AttentionRule | None:
+    """The request's `pe_attention` as a validated rule the model's scheme applies; errors name
+    `pe_attention.<field>`."""
+    if requested is None:
+        return None
+    try:
+        rule = parse_attention(requested)
+    except PEConfigError as error:
+        raise RequestError(
+            ErrorKind.INVALID,
+            f"{ATTENTION_FIELD}.{error.field}: {error.message}",
+            param=f"{ATTENTION_FIELD}.{error.field}",
+        ) from None
+    check_attention_supported(model, rule)
+    return None if rule == StandardAttention() else rule  # plain standard: the fast paths run it
 
 
 def prepare_input(
-    engine: Engine, body: InferenceInput, *, new_tokens: int, min_tokens: int = 1
+    engine: Engine,
+    body: InferenceInput,
+    *,
+    new_tokens: int,
+    min_tokens: int = 1,
+    aliases: ModelAliases = NO_ALIASES,
 ) -> PreparedInput:
     """Resolve everything a request needs; raises RequestError / EngineError / PEConfigError (all 4xx).
 
@@ -57,7 +136,7 @@ def prepare_input(
         raise RequestError(
             ErrorKind.INVALID, "Exactly one of 'prompt' and 'tokens' is required.", param="prompt"
         )
-    target = resolve_target(engine, body)
+    target = resolve_target(engine, body, aliases)
     field = "prompt" if body.prompt is not None else "tokens"
     given = body.prompt if body.prompt is not None else body.tokens
     assert given is not None
@@ -66,13 +145,15 @@ def prepare_input(
     return PreparedInput(target=target, tokens=tokens)
 
 
-def prepare_generation(engine: Engine, body: GenerateRequest, *, stream: bool) -> PreparedInput:
+def prepare_generation(
+    engine: Engine, body: GenerateRequest, *, stream: bool, aliases: ModelAliases = NO_ALIASES
+) -> PreparedInput:
     """`prepare_input` for a generation, with the tokens a resumed stream's client already holds.
 
     `resume_from` continues a stream, so a generation that does not stream cannot have one; it
     holds at most `max_new_tokens` tokens of the model's vocabulary.
     """
-    prepared = prepare_input(engine, body, new_tokens=body.max_new_tokens)
+    prepared = prepare_input(engine, body, new_tokens=body.max_new_tokens, aliases=aliases)
     if body.resume_from is None:
         return prepared
     if not stream:
@@ -87,9 +168,9 @@ def prepare_generation(engine: Engine, body: GenerateRequest, *, stream: bool) -
     return replace(prepared, resumed=held)
 
 
-def prepare_scored(engine: Engine, body: InferenceInput) -> PreparedInput:
+def prepare_scored(engine: Engine, body: InferenceInput, aliases: ModelAliases = NO_ALIASES) -> PreparedInput:
     """A text to score: `MIN_SCORED_TOKENS` at least (the first has no prefix), nothing generated."""
-    return prepare_input(engine, body, new_tokens=0, min_tokens=MIN_SCORED_TOKENS)
+    return prepare_input(engine, body, new_tokens=0, min_tokens=MIN_SCORED_TOKENS, aliases=aliases)
 
 
 def input_tokens(

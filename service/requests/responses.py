@@ -27,6 +27,10 @@ class PEBlock(BaseModel):
     attention_factor: float
     native_context: int
     max_context: int
+    attention: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "standard"},
+        description="The attention rule the request ran with (`pe_attention`), fields resolved.",
+    )
 
 
 class Usage(BaseModel):
@@ -95,6 +99,11 @@ class ScoreResponse(BaseModel):
         None,
         description="With `top_logprobs` > 0: per token, its most likely alternatives; the first is null.",
     )
+    pe: PEBlock | None = Field(
+        None,
+        description="The scaling and attention rule the text was scored under; present when the "
+        "request chose either (`pe_scaling`, `pe_attention`).",
+    )
 
 
 class ModelCard(BaseModel):
@@ -103,6 +112,7 @@ class ModelCard(BaseModel):
     native_context: int
     max_context: int
     supported_scalings: list[str]
+    supported_attention: list[str] = Field(description="The `pe_attention` types its scheme can apply.")
     parameters: int
     device: str
     dtype: str

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from service.api.deps import EngineDep, FirstTokenDep, RequestIdDep, SubmissionDep, require_json
+from service.api.deps import AliasesDep, EngineDep, FirstTokenDep, RequestIdDep, SubmissionDep, require_json
 from service.api.errors import CLIENT_CLOSED_REQUEST
 from service.api.handles import ClientDisconnectedError, final_results
 from service.api.openai_runs import cancel_all, created_now, openai_finish_reason, openai_usage, submit_all
@@ -76,9 +76,10 @@ async def completions(
     request_id: RequestIdDep,
     first_token: FirstTokenDep,
     submission: SubmissionDep,
+    aliases: AliasesDep,
 ) -> Response:
     """OpenAI's completions; extension fields (`pe`, `pe_scaling`, `min_p`, ...) at the top level."""
-    target = resolve_target(engine, body)
+    target = resolve_target(engine, body, aliases)
     response_id = f"cmpl-{uuid.uuid4().hex}"
     plan = _plan(engine, target, body, response_id)
     score_order = sorted(plan.scores)
@@ -92,7 +93,7 @@ async def completions(
     text = token_text(engine, target.model.name)
     if body.stream:
         events = _stream(
-            body, plan, generations, scores, response_id, target.model.name, text, request_id, first_token
+            body, plan, generations, scores, response_id, target.name, text, request_id, first_token
         )
         return EventStreamResponse(events, on_abort=lambda: cancel_all(handles))
     try:
@@ -107,7 +108,7 @@ async def completions(
         for index, result in zip(score_order, results[len(plan.generations) :], strict=True)
         if isinstance(result, ScoreResult)
     }
-    return json_response(_response(body, plan, generated, scored, response_id, target.model.name, text))
+    return json_response(_response(body, plan, generated, scored, response_id, target.name, text))
 
 
 def _plan(engine: Engine, target: Target, body: CompletionRequest, response_id: str) -> _Plan:
@@ -147,7 +148,8 @@ def _plan(engine: Engine, target: Target, body: CompletionRequest, response_id: 
         and wants_logprobs
         and len(prompt.tokens) >= MIN_SCORED_TOKENS  # one has nothing to score
     }
-    resolved = engine.resolve_pe(model.name, target.scaling, len(prompts[0].tokens) + body.max_tokens)
+    total = len(prompts[0].tokens) + body.max_tokens
+    resolved = engine.resolve_pe(model.name, target.scaling, total, target.attention)
     return _Plan(prompts=prompts, generations=generations, scores=scores, resolved_pe=resolved)
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 
-from service.api.deps import EngineDep, SubmissionDep, require_json
+from service.api.deps import AliasesDep, EngineDep, SubmissionDep, require_json
 from service.api.handles import result_of
 from service.api.once import answer_once
 from service.api.openapi import INFERENCE_ERRORS, scaling_examples
@@ -30,13 +30,21 @@ async def score(
     request: Request,
     engine: EngineDep,
     submission: SubmissionDep,
+    aliases: AliasesDep,
 ) -> Response:
     """Score `prompt` (tokenized as for generation) or `tokens` (as given, no BOS added)."""
-    job = score_job(f"score-{uuid.uuid4().hex}", body, prepare_scored(engine, body))
+    prepared = prepare_scored(engine, body, aliases)
+    job = score_job(f"score-{uuid.uuid4().hex}", body, prepared)
 
     async def answer() -> bytes:
         result = await result_of(submission.submit(engine, job), ScoreResult)
-        scored = score_response(job.model, result, token_text(engine, job.model))
-        return json_body(scored, omit={"top_logprobs"} if scored.top_logprobs is None else None)
+        scored = score_response(prepared.target.name, result, token_text(engine, job.model))
+        # Alternatives only when asked for; the `pe` block only for a request that chose its
+        # positions (`pe_scaling`, `pe_attention`, or an alias's), so a plain /score answers the
+        # SPEC's keys.
+        omit = {"top_logprobs"} if scored.top_logprobs is None else set()
+        if body.pe_scaling is None and body.pe_attention is None and prepared.target.asked is None:
+            omit.add("pe")
+        return json_body(scored, omit=omit or None)
 
     return await answer_once(request, body, answer)
