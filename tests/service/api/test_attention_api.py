@@ -182,9 +182,9 @@ def test_metrics_count_requests_per_rule(server: LiveServer) -> None:
     def count(label: str) -> float:
         metrics = httpx.get(server.url("/metrics")).text
         for line in metrics.splitlines():
-            if line.startswith("pe_attention_requests_total{") and f'model="{MODEL}"' in line:
-                if f'attention="{label}"' in line:
-                    return float(line.rsplit(" ", 1)[1])
+            series = line.startswith("pe_attention_requests_total{") and f'model="{MODEL}"' in line
+            if series and f'attention="{label}"' in line:
+                return float(line.rsplit(" ", 1)[1])
         return 0.0
 
     before = count("self_extend+logn")
