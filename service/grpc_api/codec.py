@@ -6,8 +6,9 @@ the same fields. Only what the wire format itself can get wrong is checked here:
 and fields the schema does not know (an unknown number, or a known one sent with another wire
 type, which protobuf keeps aside as unknown rather than failing).
 
-`pe_scaling` is a `oneof` on the wire and `{"type": ..., fields}` in JSON; the oneof's field name
-is the type.
+`pe_scaling` and `pe_attention` are each a `oneof` on the wire and `{"type": ..., fields}` in JSON;
+the oneof's field name is the type (an attention rule's `logn` is a field of each type's message,
+so the two map the same way).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from service.requests.errors import ErrorKind, RequestError
 
 MessageT = TypeVar("MessageT", bound=Message)
 
-_SCALING_ONEOF = "scaling"
+# The messages that are one `oneof` whose field name is the JSON object's `type`, and its name.
+_TYPED_ONEOFS: dict[type[Message], str] = {pb.PEScaling: "scaling", pb.PEAttention: "attention"}
 
 
 def parse_request(message_type: type[MessageT], data: bytes) -> MessageT:
@@ -42,8 +44,8 @@ def request_fields(message: Message) -> dict[str, Any]:
     """The fields the client set, as a JSON body would carry them (unset means absent)."""
     fields: dict[str, Any] = {}
     for descriptor, value in message.ListFields():
-        if isinstance(value, pb.PEScaling):
-            fields[descriptor.name] = scaling_fields(value)
+        if isinstance(value, pb.PEScaling | pb.PEAttention):
+            fields[descriptor.name] = typed_fields(value)
         elif isinstance(value, Message):
             fields[descriptor.name] = request_fields(value)
         elif descriptor.is_repeated:
@@ -53,33 +55,43 @@ def request_fields(message: Message) -> dict[str, Any]:
     return fields
 
 
-def scaling_fields(scaling: pb.PEScaling) -> dict[str, Any]:
+def typed_fields(message: pb.PEScaling | pb.PEAttention) -> dict[str, Any]:
     """`{"type": <oneof field>, ...its fields}`; `{}` (no type) when the oneof is unset."""
-    scaling_type = scaling.WhichOneof(_SCALING_ONEOF)
-    if scaling_type is None:
+    kind = message.WhichOneof(_TYPED_ONEOFS[type(message)])
+    if kind is None:
         return {}
-    return {"type": scaling_type, **request_fields(getattr(scaling, scaling_type))}
+    return {"type": kind, **request_fields(getattr(message, kind))}
 
 
 def scaling_message(resolved: Mapping[str, Any]) -> pb.PEScaling:
     """The oneof for a `{"type": ..., fields}` dict such as `RopeScaling.to_dict()`."""
+    return pb.PEScaling(**_typed_oneof(resolved))
+
+
+def attention_message(resolved: Mapping[str, Any]) -> pb.PEAttention:
+    """The oneof for a `{"type": ..., fields, "logn"?}` dict such as `AttentionRule.to_dict()`."""
+    return pb.PEAttention(**_typed_oneof(resolved))
+
+
+def _typed_oneof(resolved: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     fields = {name: value for name, value in resolved.items() if name != "type"}
-    return pb.PEScaling(**{resolved["type"]: fields})
+    return {resolved["type"]: fields}
 
 
 def _reject_unknown_fields(message: Message, *, path: str) -> None:
     """422 for the first unknown field, named like pydantic names an extra JSON key.
 
     A known number with another wire type is named by its field; an unknown number by the number,
-    except in `PEScaling`, where an unknown member of the oneof is an unknown scaling type.
+    except in `PEScaling` and `PEAttention`, where an unknown member of the oneof is an unknown type.
     """
     by_number = message.DESCRIPTOR.fields_by_number
     unknown_fields = UnknownFieldSet(message)
     if len(unknown_fields):
         number = unknown_fields[0].field_number
         known = by_number.get(number)
-        if isinstance(message, pb.PEScaling):
-            name, problem = "type", "unknown scaling type" if known is None else "wrong wire type"
+        if isinstance(message, pb.PEScaling | pb.PEAttention):
+            kind = _TYPED_ONEOFS[type(message)]
+            name, problem = "type", f"unknown {kind} type" if known is None else "wrong wire type"
         elif known is not None:
             name, problem = known.name, "wrong wire type"
         else:
@@ -89,5 +101,6 @@ def _reject_unknown_fields(message: Message, *, path: str) -> None:
     for descriptor, value in message.ListFields():
         if isinstance(value, Message):
             # The oneof level has no name in JSON: `pe_scaling.factor`, not `pe_scaling.yarn.factor`.
-            inner = path if isinstance(message, pb.PEScaling) else f"{path}{descriptor.name}."
+            typed = isinstance(message, pb.PEScaling | pb.PEAttention)
+            inner = path if typed else f"{path}{descriptor.name}."
             _reject_unknown_fields(value, path=inner)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from service.engine.types import GenerationResult, ModelInfo, PEInfo, ScoreResult, TokenEvent
 from service.grpc_api import pe_serve_pb2 as pb
-from service.grpc_api.codec import scaling_message
+from service.grpc_api.codec import attention_message, scaling_message
 from service.requests.convert import (
     TokenText,
     finish_reason,
@@ -48,7 +48,11 @@ def generate_end(request_id: str, model: str, result: GenerationResult) -> pb.Ge
 def pe_message(pe: PEInfo) -> pb.PEBlock:
     block = pe_block(pe)
     scaling = scaling_message(block.scaling) if block.scaling is not None else None
-    return pb.PEBlock(**block.model_dump(exclude={"scaling"}), scaling=scaling)
+    return pb.PEBlock(
+        **block.model_dump(exclude={"scaling", "attention"}),
+        scaling=scaling,
+        attention=attention_message(block.attention),
+    )
 
 
 def score_message(request_id: str, model: str, result: ScoreResult, text: TokenText) -> pb.ScoreResponse:
@@ -67,6 +71,7 @@ def score_message(request_id: str, model: str, result: ScoreResult, text: TokenT
             for entries in (body.top_logprobs or [])[1:]
             if entries is not None
         ],
+        pe=pe_message(result.pe),
     )
 
 

@@ -96,8 +96,78 @@ class LongRopeScaling(_message.Message):
     attention_factor: float
     def __init__(self, short_factor: _Optional[_Iterable[float]] = ..., long_factor: _Optional[_Iterable[float]] = ..., original_max_position_embeddings: _Optional[int] = ..., factor: _Optional[float] = ..., attention_factor: _Optional[float] = ...) -> None: ...
 
+class PEAttention(_message.Message):
+    __slots__ = ("standard", "self_extend", "rerope", "leaky_rerope", "dca", "streaming")
+    STANDARD_FIELD_NUMBER: _ClassVar[int]
+    SELF_EXTEND_FIELD_NUMBER: _ClassVar[int]
+    REROPE_FIELD_NUMBER: _ClassVar[int]
+    LEAKY_REROPE_FIELD_NUMBER: _ClassVar[int]
+    DCA_FIELD_NUMBER: _ClassVar[int]
+    STREAMING_FIELD_NUMBER: _ClassVar[int]
+    standard: StandardAttention
+    self_extend: SelfExtendAttention
+    rerope: ReRoPEAttention
+    leaky_rerope: LeakyReRoPEAttention
+    dca: DCAAttention
+    streaming: StreamingAttention
+    def __init__(self, standard: _Optional[_Union[StandardAttention, _Mapping]] = ..., self_extend: _Optional[_Union[SelfExtendAttention, _Mapping]] = ..., rerope: _Optional[_Union[ReRoPEAttention, _Mapping]] = ..., leaky_rerope: _Optional[_Union[LeakyReRoPEAttention, _Mapping]] = ..., dca: _Optional[_Union[DCAAttention, _Mapping]] = ..., streaming: _Optional[_Union[StreamingAttention, _Mapping]] = ...) -> None: ...
+
+class StandardAttention(_message.Message):
+    __slots__ = ("logn",)
+    LOGN_FIELD_NUMBER: _ClassVar[int]
+    logn: int
+    def __init__(self, logn: _Optional[int] = ...) -> None: ...
+
+class SelfExtendAttention(_message.Message):
+    __slots__ = ("logn", "group_size", "window")
+    LOGN_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    logn: int
+    group_size: int
+    window: int
+    def __init__(self, logn: _Optional[int] = ..., group_size: _Optional[int] = ..., window: _Optional[int] = ...) -> None: ...
+
+class ReRoPEAttention(_message.Message):
+    __slots__ = ("logn", "window")
+    LOGN_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    logn: int
+    window: int
+    def __init__(self, logn: _Optional[int] = ..., window: _Optional[int] = ...) -> None: ...
+
+class LeakyReRoPEAttention(_message.Message):
+    __slots__ = ("logn", "window", "leak")
+    LOGN_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    LEAK_FIELD_NUMBER: _ClassVar[int]
+    logn: int
+    window: int
+    leak: float
+    def __init__(self, logn: _Optional[int] = ..., window: _Optional[int] = ..., leak: _Optional[float] = ...) -> None: ...
+
+class DCAAttention(_message.Message):
+    __slots__ = ("logn", "chunk_size", "local_window")
+    LOGN_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    logn: int
+    chunk_size: int
+    local_window: int
+    def __init__(self, logn: _Optional[int] = ..., chunk_size: _Optional[int] = ..., local_window: _Optional[int] = ...) -> None: ...
+
+class StreamingAttention(_message.Message):
+    __slots__ = ("logn", "sink_tokens", "window")
+    LOGN_FIELD_NUMBER: _ClassVar[int]
+    SINK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    logn: int
+    sink_tokens: int
+    window: int
+    def __init__(self, logn: _Optional[int] = ..., sink_tokens: _Optional[int] = ..., window: _Optional[int] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "tokens", "model", "pe", "pe_scaling", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "logprobs", "request_id", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "top_logprobs", "resume_from")
+    __slots__ = ("prompt", "tokens", "model", "pe", "pe_scaling", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "logprobs", "request_id", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "top_logprobs", "resume_from", "pe_attention")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +190,7 @@ class GenerateRequest(_message.Message):
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
+    PE_ATTENTION_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
     model: str
@@ -142,7 +213,8 @@ class GenerateRequest(_message.Message):
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     top_logprobs: int
     resume_from: ResumeFrom
-    def __init__(self, prompt: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ..., pe: _Optional[str] = ..., pe_scaling: _Optional[_Union[PEScaling, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., logprobs: _Optional[bool] = ..., request_id: _Optional[str] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[int] = ..., resume_from: _Optional[_Union[ResumeFrom, _Mapping]] = ...) -> None: ...
+    pe_attention: PEAttention
+    def __init__(self, prompt: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ..., pe: _Optional[str] = ..., pe_scaling: _Optional[_Union[PEScaling, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., logprobs: _Optional[bool] = ..., request_id: _Optional[str] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[int] = ..., resume_from: _Optional[_Union[ResumeFrom, _Mapping]] = ..., pe_attention: _Optional[_Union[PEAttention, _Mapping]] = ...) -> None: ...
 
 class ResumeFrom(_message.Message):
     __slots__ = ("tokens",)
@@ -207,18 +279,20 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class PEBlock(_message.Message):
-    __slots__ = ("scheme", "scaling", "attention_factor", "native_context", "max_context")
+    __slots__ = ("scheme", "scaling", "attention_factor", "native_context", "max_context", "attention")
     SCHEME_FIELD_NUMBER: _ClassVar[int]
     SCALING_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_FACTOR_FIELD_NUMBER: _ClassVar[int]
     NATIVE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_FIELD_NUMBER: _ClassVar[int]
     scheme: str
     scaling: PEScaling
     attention_factor: float
     native_context: int
     max_context: int
-    def __init__(self, scheme: _Optional[str] = ..., scaling: _Optional[_Union[PEScaling, _Mapping]] = ..., attention_factor: _Optional[float] = ..., native_context: _Optional[int] = ..., max_context: _Optional[int] = ...) -> None: ...
+    attention: PEAttention
+    def __init__(self, scheme: _Optional[str] = ..., scaling: _Optional[_Union[PEScaling, _Mapping]] = ..., attention_factor: _Optional[float] = ..., native_context: _Optional[int] = ..., max_context: _Optional[int] = ..., attention: _Optional[_Union[PEAttention, _Mapping]] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("queue_ms", "prefill_ms", "decode_ms")
@@ -231,7 +305,7 @@ class Timing(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("prompt", "tokens", "model", "pe", "pe_scaling", "request_id", "top_logprobs")
+    __slots__ = ("prompt", "tokens", "model", "pe", "pe_scaling", "request_id", "top_logprobs", "pe_attention")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +313,7 @@ class ScoreRequest(_message.Message):
     PE_SCALING_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PE_ATTENTION_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
     model: str
@@ -246,7 +321,8 @@ class ScoreRequest(_message.Message):
     pe_scaling: PEScaling
     request_id: str
     top_logprobs: int
-    def __init__(self, prompt: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ..., pe: _Optional[str] = ..., pe_scaling: _Optional[_Union[PEScaling, _Mapping]] = ..., request_id: _Optional[str] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+    pe_attention: PEAttention
+    def __init__(self, prompt: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ..., pe: _Optional[str] = ..., pe_scaling: _Optional[_Union[PEScaling, _Mapping]] = ..., request_id: _Optional[str] = ..., top_logprobs: _Optional[int] = ..., pe_attention: _Optional[_Union[PEAttention, _Mapping]] = ...) -> None: ...
 
 class TokenAlternatives(_message.Message):
     __slots__ = ("alternatives",)
@@ -255,7 +331,7 @@ class TokenAlternatives(_message.Message):
     def __init__(self, alternatives: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
-    __slots__ = ("id", "model", "tokens", "token_logprobs", "total_logprob", "perplexity", "num_tokens", "top_logprobs")
+    __slots__ = ("id", "model", "tokens", "token_logprobs", "total_logprob", "perplexity", "num_tokens", "top_logprobs", "pe")
     ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +340,7 @@ class ScoreResponse(_message.Message):
     PERPLEXITY_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PE_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -272,14 +349,15 @@ class ScoreResponse(_message.Message):
     perplexity: float
     num_tokens: int
     top_logprobs: _containers.RepeatedCompositeFieldContainer[TokenAlternatives]
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., token_logprobs: _Optional[_Iterable[float]] = ..., total_logprob: _Optional[float] = ..., perplexity: _Optional[float] = ..., num_tokens: _Optional[int] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenAlternatives, _Mapping]]] = ...) -> None: ...
+    pe: PEBlock
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., token_logprobs: _Optional[_Iterable[float]] = ..., total_logprob: _Optional[float] = ..., perplexity: _Optional[float] = ..., num_tokens: _Optional[int] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenAlternatives, _Mapping]]] = ..., pe: _Optional[_Union[PEBlock, _Mapping]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ModelCard(_message.Message):
-    __slots__ = ("name", "scheme", "native_context", "max_context", "supported_scalings", "parameters", "device", "dtype", "backend", "weights", "training_method")
+    __slots__ = ("name", "scheme", "native_context", "max_context", "supported_scalings", "parameters", "device", "dtype", "backend", "weights", "training_method", "supported_attention")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SCHEME_FIELD_NUMBER: _ClassVar[int]
     NATIVE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
@@ -291,6 +369,7 @@ class ModelCard(_message.Message):
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     TRAINING_METHOD_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_ATTENTION_FIELD_NUMBER: _ClassVar[int]
     name: str
     scheme: str
     native_context: int
@@ -302,7 +381,8 @@ class ModelCard(_message.Message):
     backend: str
     weights: str
     training_method: str
-    def __init__(self, name: _Optional[str] = ..., scheme: _Optional[str] = ..., native_context: _Optional[int] = ..., max_context: _Optional[int] = ..., supported_scalings: _Optional[_Iterable[str]] = ..., parameters: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., backend: _Optional[str] = ..., weights: _Optional[str] = ..., training_method: _Optional[str] = ...) -> None: ...
+    supported_attention: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., scheme: _Optional[str] = ..., native_context: _Optional[int] = ..., max_context: _Optional[int] = ..., supported_scalings: _Optional[_Iterable[str]] = ..., parameters: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., backend: _Optional[str] = ..., weights: _Optional[str] = ..., training_method: _Optional[str] = ..., supported_attention: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)
