@@ -76,6 +76,7 @@ class FakeLabServer:
             "native_context": 256,
             "max_context": self.max_context,
             "supported_scalings": ["none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope"],
+            "supported_attention": ["standard", "self_extend", "rerope", "leaky_rerope", "dca", "streaming"],
             "parameters": 1000,
             "device": "cpu",
             "dtype": "float32",

@@ -3,6 +3,7 @@
 from pe_client._version import __version__
 from pe_client.async_client import AsyncPEClient
 from pe_client.attention import (
+    AttentionType,
     DCAAttention,
     LeakyReRoPEAttention,
     PEAttention,
@@ -72,6 +73,7 @@ __all__ = [
     "APITimeoutError",
     "AsyncPEClient",
     "AsyncStream",
+    "AttentionType",
     "AuthenticationError",
     "BadRequestError",
     "ChatMessage",

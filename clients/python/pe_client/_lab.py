@@ -32,13 +32,6 @@ SentAttention = Annotated[PEAttention | None, PlainSerializer(_as_sent)]
 """A cell's attention rule (None: no `pe_attention` was sent), serialized like `SentScaling`."""
 
 
-class _ConfiguredGenerateRequest(GenerateRequest):
-    """A generation that may also name an attention rule: the SDK's request has no `pe_attention`
-    field yet, and a None one is left out of the body like every unset field."""
-
-    pe_attention: PEAttention | None = None
-
-
 async def greedy_text(
     client: AsyncPEClient,
     *,
@@ -47,9 +40,10 @@ async def greedy_text(
     configuration: Configuration,
     max_new_tokens: int,
 ) -> str:
-    """The greedy continuation of `tokens` under a (scaling, attention rule) configuration."""
+    """The greedy continuation of `tokens` under a (scaling, attention rule) configuration; a None
+    rule is left out of the body, like every unset field."""
     scaling, attention = configuration
-    request = _ConfiguredGenerateRequest(
+    request = GenerateRequest(
         tokens=tokens,
         model=model,
         pe_scaling=scaling,

@@ -1,6 +1,7 @@
 """`pe-client`: stream a generation to the terminal, or compare scalings side by side.
 
 pe-client generate --pe rope --scaling yarn --factor 4 "def fib(n):"
+pe-client generate --pe rope --attention self_extend:group_size=4,window=64 "def fib(n):"
 pe-client compare --pe rope --scalings none,linear,ntk,yarn --factor 4 "def fib(n):"
 pe-client models
 pe-client --grpc 127.0.0.1:50051 models      # any command but the lab's over gRPC (pe-client[grpc])
@@ -26,10 +27,11 @@ from pydantic import ValidationError
 
 from pe_client._version import __version__
 from pe_client.async_client import AsyncPEClient
+from pe_client.attention import PEAttention
 from pe_client.client import PEClient
 from pe_client.corpora import CORPORA, corpus_text
 from pe_client.errors import PEServeError
-from pe_client.grid import configurations, parse_specs
+from pe_client.grid import GridError, configurations, label, parse_attention_specs, parse_specs
 from pe_client.lab_output import (
     ProgressBar,
     check_plot_path,
@@ -271,6 +273,24 @@ def _add_generation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-tokens", type=int, default=None)
     parser.add_argument("--ignore-eos", action="store_true", default=None)
     parser.add_argument("--stop-token-id", type=int, action="append", default=None, dest="stop_token_ids")
+    parser.add_argument(
+        "--attention",
+        default=None,
+        metavar="SPEC",
+        help="attention rule (pe_attention) as TYPE:key=value,..., e.g. self_extend:group_size=4,window=512 "
+        "or standard:logn=256 (default: none sent, standard attention)",
+    )
+
+
+def _attention(spec: str | None) -> PEAttention | None:
+    """The one rule an `--attention SPEC` names (the lab's syntax, checked by the SDK's models
+    before any request); None when the option is absent."""
+    if spec is None:
+        return None
+    rules = parse_attention_specs([spec])
+    if len(rules) != 1:
+        raise GridError(f"--attention {spec!r}: one rule per request (key=a|b alternatives are for the lab)")
+    return rules[0]
 
 
 def _scaling(scaling_type: str, args: argparse.Namespace) -> PEScaling:
@@ -282,12 +302,15 @@ def _scaling(scaling_type: str, args: argparse.Namespace) -> PEScaling:
     return parse_scaling({name: value for name, value in fields.items() if value is not None})
 
 
-def _generate_request(args: argparse.Namespace, scaling: PEScaling | None) -> GenerateRequest:
+def _generate_request(
+    args: argparse.Namespace, scaling: PEScaling | None, attention: PEAttention | None
+) -> GenerateRequest:
     return GenerateRequest(
         prompt=args.prompt,
         model=args.model,
         pe=args.pe,
         pe_scaling=scaling,
+        pe_attention=attention,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
@@ -305,9 +328,10 @@ def _generate_request(args: argparse.Namespace, scaling: PEScaling | None) -> Ge
 
 def _run_generate(args: argparse.Namespace) -> int:
     scaling = _scaling(args.scaling, args) if args.scaling else None
+    request = _generate_request(args, scaling, _attention(args.attention))
     with (
         _client(args) as client,
-        client.generate_stream(_generate_request(args, scaling)) as stream,
+        client.generate_stream(request) as stream,
     ):
         for event in stream:
             if isinstance(event, StreamToken):
@@ -332,19 +356,21 @@ class _Column:
     prompt_score: ScoreResponse
 
 
-async def _compare(args: argparse.Namespace, scalings: list[PEScaling]) -> list[_Column]:
-    """All scalings at once: the server batches them, which is the point of per-request scaling."""
+async def _compare(
+    args: argparse.Namespace, scalings: list[PEScaling], attention: PEAttention | None
+) -> list[_Column]:
+    """All scalings at once: the server batches them, which is the point of per-request scaling.
+    An attention rule, when given, applies to every column."""
     async with _async_client(args) as client:
 
         async def run(scaling: PEScaling) -> _Column:
-            request = _generate_request(args, scaling)
-            generation, score = await asyncio.gather(
-                client.generate(request),
-                client.score(
-                    ScoreRequest(prompt=args.prompt, model=args.model, pe=args.pe, pe_scaling=scaling)
-                ),
+            request = _generate_request(args, scaling, attention)
+            score_request = ScoreRequest(
+                prompt=args.prompt, model=args.model, pe=args.pe, pe_scaling=scaling, pe_attention=attention
             )
-            return _Column(_label(scaling), generation, score)
+            generation, score = await asyncio.gather(client.generate(request), client.score(score_request))
+            column_label = _label(scaling) if attention is None else f"{_label(scaling)} + {label(attention)}"
+            return _Column(column_label, generation, score)
 
         return list(await asyncio.gather(*(run(scaling) for scaling in scalings)))
 
@@ -356,7 +382,7 @@ def _label(scaling: PEScaling) -> str:
 
 def _run_compare(args: argparse.Namespace) -> int:
     scalings = [_scaling(name.strip(), args) for name in args.scalings.split(",") if name.strip()]
-    columns = asyncio.run(_compare(args, scalings))
+    columns = asyncio.run(_compare(args, scalings, _attention(args.attention)))
     width = args.width or shutil.get_terminal_size().columns
     print(_render_columns(columns, width))
     return 0
@@ -516,7 +542,8 @@ def _run_models(args: argparse.Namespace) -> int:
             print(
                 f"{model.name:<24} {model.scheme:<11} native {model.native_context:<6} "
                 f"max {model.max_context:<7} {model.device}/{model.dtype}  "
-                f"scalings: {','.join(model.supported_scalings)}"
+                f"scalings: {','.join(model.supported_scalings)}  "
+                f"attention: {','.join(model.supported_attention)}"
             )
     return 0
 

@@ -7,10 +7,11 @@ server can add fields without breaking older clients.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Annotated, Any, Literal, TypedDict
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from pe_client.attention import PEAttention
 from pe_client.scaling import PEScaling
 
 Scheme = Literal[
@@ -27,6 +28,11 @@ Scheme = Literal[
 ]
 FinishReason = Literal["length", "stop", "eos"]
 
+# The server's schema publishes `pe_attention` as a free-form object (it validates the rule when it
+# resolves the request, naming the field); the SDK validates the typed rule but publishes the
+# server's shape, so the two schemas stay comparable field by field (tests/clients).
+_WireAttention = Annotated[PEAttention, WithJsonSchema({"type": "object", "additionalProperties": True})]
+
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -38,13 +44,16 @@ class _Response(BaseModel):
 
 class ScoreRequest(_Request):
     """Score `prompt` or `tokens` (exactly one): log-probability of each token given its prefix;
-    `top_logprobs` (0..20) also asks for that many alternatives at every position."""
+    `top_logprobs` (0..20) also asks for that many alternatives at every position. `pe_attention`
+    (a typed rule from `pe_client.attention`, or its dict) chooses how attention places queries and
+    keys; unset, the server runs standard attention."""
 
     prompt: str | None = None
     tokens: list[int] | None = None
     model: str | None = None
     pe: Scheme | None = None
     pe_scaling: PEScaling | None = None
+    pe_attention: _WireAttention | None = None
     top_logprobs: int | None = None
 
 
@@ -90,6 +99,7 @@ class ScoreParams(TypedDict, total=False):
     model: str
     pe: Scheme
     pe_scaling: PEScaling | dict[str, object]
+    pe_attention: PEAttention | dict[str, object]
     top_logprobs: int
 
 
@@ -123,7 +133,10 @@ class PEInfo(_Response):
     """The positional encoding the request actually ran with.
 
     `scaling` is the server's resolved form: every field with its default filled in, which may
-    include fields a request for that type would not send, so it stays a plain dict.
+    include fields a request for that type would not send, so it stays a plain dict. `attention`
+    is the attention rule it ran with (`pe_attention`), `{"type": "standard"}` when none was asked
+    for (or from a server that predates `pe_attention`); a plain dict too
+    (`pe_client.attention.parse_attention` types it), so a rule newer than this SDK still parses.
     """
 
     scheme: str
@@ -131,6 +144,7 @@ class PEInfo(_Response):
     attention_factor: float
     native_context: int
     max_context: int
+    attention: dict[str, Any] = Field(default_factory=lambda: {"type": "standard"})
 
 
 class Timing(_Response):
@@ -170,6 +184,7 @@ class ScoreResponse(_Response):
     perplexity: float
     num_tokens: int
     top_logprobs: list[list[TopLogprob] | None] | None = None  # asked for: the first is None
+    pe: PEInfo | None = None  # the scaling and attention rule it was scored under (None: older server)
 
 
 class ModelInfo(_Response):
@@ -178,6 +193,7 @@ class ModelInfo(_Response):
     native_context: int
     max_context: int
     supported_scalings: list[str]
+    supported_attention: list[str]  # the `pe_attention` types its scheme can apply
     parameters: int
     device: str
     dtype: str
