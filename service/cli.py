@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from service.api.connections import KEEP_ALIVE_TIMEOUT_S, guarded_protocol
 from service.logs import logging_config
+from service.requests.model_names import ModelAliases, ModelNameError
 from service.requests.state import Phase, ServiceState
 from service.server import create_server
 from service.settings import Device, DType, EngineMode, LogLevel, Settings, Weights
@@ -80,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="checkpoint directory (ours or Hugging Face Llama-family); repeatable; default: the bundled zoo",
     )
+    parser.add_argument(
+        "--alias",
+        action="append",
+        metavar="NAME=TARGET",
+        help="a fixed model name: TARGET is a model and its SPECs, MODEL@SPEC[@SPEC] (e.g. "
+        "long=zoo-rope@yarn:factor=4,original_max_position_embeddings=256); listed by /v1/models; "
+        "repeatable",
+    )
     parser.add_argument("--device", choices=get_args(Device), help="default auto (cuda when available)")
     parser.add_argument(
         "--dtype", choices=get_args(DType), help="default auto (bfloat16 on cuda, float32 on cpu)"
@@ -92,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-context", type=int, metavar="N", help="longest prompt + generation (default 4096)"
+    )
+    parser.add_argument(
+        "--max-stream-tokens",
+        type=int,
+        metavar="N",
+        help="most tokens a generation under pe_attention streaming may make, past max_context "
+        "(default 65536)",
     )
     parser.add_argument(
         "--max-batch-size", type=int, metavar="N", help="sequences per forward pass (default 16)"
@@ -209,10 +225,15 @@ def load_settings(argv: Sequence[str] | None = None) -> Settings:
     parser = build_parser()
     flags: dict[str, Any] = vars(parser.parse_args(argv))
     try:
-        return Settings(**flags)
+        settings = Settings(**flags)
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
         parser.error(problems)
+    try:  # what can be judged before the models load; the rest once they are (`check_aliases`)
+        ModelAliases.from_flags(settings.alias)
+    except ModelNameError as error:
+        parser.error(str(error))
+    return settings
 
 
 def tls_options(settings: Settings) -> dict[str, Any]:

@@ -40,6 +40,11 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Checkpoint directories to serve; empty means the bundled zoo.",
     )
+    alias: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Fixed model names, NAME=TARGET with TARGET a model and its SPECs "
+        "(MODEL@SPEC[@SPEC], docs/openai-api.md); listed by GET /v1/models.",
+    )
     device: Device = "auto"
     dtype: DType = "auto"
     weights: Weights = Field(
@@ -48,6 +53,12 @@ class Settings(BaseSettings):
         "(groups of 32, CPU only).",
     )
     max_context: int = Field(default=4096, ge=16)
+    max_stream_tokens: int = Field(
+        default=65536,
+        ge=1,
+        description="The most tokens a generation under `pe_attention` streaming may make; it may run "
+        "past max_context, its row keeping only the sinks and the window.",
+    )
     max_batch_size: int = Field(default=16, ge=1)
     max_queue: int = Field(default=64, ge=0)
     engine_mode: EngineMode = Field(
@@ -128,6 +139,16 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             separators = value.replace(",", os.pathsep)
             return [part for part in separators.split(os.pathsep) if part.strip()]
+        return value
+
+    @field_validator("alias", mode="before")
+    @classmethod
+    def _split_aliases(cls, value: object) -> object:
+        """`PE_SERVE_ALIAS="a=M@yarn:factor=2 b=M@ntk:factor=4"`: aliases separated by whitespace
+        (a SPEC has commas, never a space). Each is read when the server is built
+        (`service.requests.model_names`), which keeps this module free of the model's imports."""
+        if isinstance(value, str):
+            return value.split()
         return value
 
     @field_validator("log_level", mode="before")

@@ -64,6 +64,7 @@ def load_engine(settings: Settings) -> Engine:
         dtype=settings.dtype,
         weights=settings.weights,
         max_context=settings.max_context,
+        max_stream_tokens=settings.max_stream_tokens,
         max_batch_size=settings.max_batch_size,
         step_token_budget=settings.step_token_budget,
         prefill_slowdown=settings.prefill_slowdown,

@@ -18,6 +18,7 @@ wrong never write a token twice.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ from pe_runtime import RopeScaling
 from service.engine.budget import ChunkPlan, plan_chunk
 from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest
-from service.model.attention_rules import AttentionRule
+from service.model.attention_rules import AttentionRule, StreamingAttention
 from service.model.backend import Backend
 from service.model.fast_decode import FastDecoder
 from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows, prefix_keys
@@ -97,6 +98,10 @@ class _Group:
             self._view = PagedRows(self.pool, self.rows)
         return self._view
 
+    def rebuild(self) -> None:
+        """Rows changed blocks (a streaming row slid its window): the view is built anew."""
+        self._view = None
+
     def join(self, sequence: RunningSequence, row: PagedRow) -> None:
         self.sequences.append(sequence)
         self.rows.append(row)
@@ -157,14 +162,14 @@ class ModelBatch:
 
     def fits(self, request: GenerationRequest, scaling: RopeScaling) -> bool:
         """Whether the pool has blocks for the whole request now (prompt and every new token)."""
-        return self.pool.fits(_reach(request), self._prefix(request, scaling), _reusable(request))
+        return self.pool.fits(self._reach(request), self._prefix(request, scaling), _reusable(request))
 
     def add(self, sequence: RunningSequence) -> None:
         """Start reading its prompt, in blocks reserved for the whole request (`fits` first),
         from the end of the prefix the pool has cached (`sequence.cached_tokens`)."""
         request = sequence.request
         prefix = self._prefix(request, sequence.scaling)
-        row = self.pool.allocate(_reach(request), prefix, _reusable(request))
+        row = self.pool.allocate(self._reach(request), prefix, _reusable(request))
         row.prefix = prefix
         if row.length:
             prompt = len(request.prompt_tokens)
@@ -186,12 +191,12 @@ class ModelBatch:
         shares nor publishes; dynamic NTK in "hf" mode keeps its entries and may share, as
         its prompt's table is in the root.
         """
-        if not self.prefix_cache:
-            return []
+        if not self.prefix_cache or isinstance(request.attention, StreamingAttention):
+            return []  # a streaming row gives its blocks back as its window moves on
         positions = self.model.positions
         prompt = len(request.prompt_tokens)
         table = positions.table_key(scaling, prompt)
-        changes = table != positions.table_key(scaling, _reach(request))
+        changes = table != positions.table_key(scaling, self._reach(request))
         if changes and not positions.keeps_cached_keys(scaling):
             return []
         # Past the first layer every entry depends on how attention placed the keys before it.
@@ -278,10 +283,34 @@ class ModelBatch:
     def decode(self) -> StepOutcome:
         """One token for every decoding row in one forward pass."""
         group = self._decoding
+        self._slide(group)
         lengths = [past + 1 for past in group.view.lengths]
         chunks = [(sequence.last_token,) for sequence in group.sequences]
         result = self._run(group, chunks, lengths, [1] * len(chunks), fast=True)
         return self._outcome(group.sequences, result, result.rows)
+
+    def _slide(self, group: _Group) -> None:
+        """Streaming rows give back the blocks that left their window before their next token
+        (`PagedKVCache.slide`), so that each holds a bounded number however long it generates."""
+        moved = False
+        for sequence, row in zip(group.sequences, group.rows, strict=True):
+            rule = sequence.request.attention
+            if isinstance(rule, StreamingAttention):
+                moved |= self.pool.slide(row, head=rule.sink_tokens, window=rule.window, room=1)
+        if moved:
+            group.rebuild()
+
+    def _reach(self, request: GenerationRequest) -> int:
+        """The most positions a request's row holds at once: its prompt and every token it may
+        generate; under streaming attention, at most its prompt or its sinks and window (with a
+        block of slack each and one for the next token), whichever is more."""
+        reach = len(request.prompt_tokens) + request.sampling.max_new_tokens
+        rule = request.attention
+        if not isinstance(rule, StreamingAttention):
+            return reach
+        size = self.pool.block_size
+        held = (math.ceil(rule.sink_tokens / size) + math.ceil(rule.window / size) + 2) * size
+        return min(reach, max(len(request.prompt_tokens) + 1, held))
 
     def _outcome(self, sequences: list[RunningSequence], result: _PassResult, rows: list[int]) -> StepOutcome:
         logits = result.of(rows)
@@ -432,8 +461,3 @@ def _reusable(request: GenerationRequest) -> int:
     """The prompt tokens a row may read from the cache: those before its last one, whose logits
     the row's own pass must give."""
     return max(0, len(request.prompt_tokens) - 1)
-
-
-def _reach(request: GenerationRequest) -> int:
-    """The most positions a request can fill: its prompt and every token it may generate."""
-    return len(request.prompt_tokens) + request.sampling.max_new_tokens

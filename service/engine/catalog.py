@@ -26,7 +26,7 @@ from service.engine.types import (
     ScoringRequest,
     TokenizerInfo,
 )
-from service.model.attention_rules import AttentionRule
+from service.model.attention_rules import AttentionRule, StreamingAttention
 from service.model.config import SCHEMES
 from service.model.positional import check_supported_attention, check_supported_scaling
 
@@ -81,7 +81,8 @@ class ModelCatalog:
             check_scaling_supported(spec.info, scaling.type)
         if attention is not None:
             check_attention_supported(spec.info, attention)
-        if total_length > spec.info.max_context:
+            check_streaming_scaling(attention, scaling or spec.effective_scaling(None))
+        if total_length > context_limit(spec.info, attention):
             raise ContextLengthError(
                 f"prompt plus max_new_tokens is {total_length} tokens, over the max_context of "
                 f"{spec.name!r} ({spec.info.max_context})",
@@ -157,8 +158,10 @@ def check_room(
     field: str,
     new_tokens: int,
     new_tokens_field: str = "max_new_tokens",
+    attention: AttentionRule | None = None,
 ) -> None:
-    """The input alone, and the tokens asked for alone, must fit the model's max_context.
+    """The input alone, and the tokens asked for alone, must fit the model's max_context (the
+    new tokens under `streaming` attention: `--max-stream-tokens`, past max_context).
 
     The input over the context is the input's fault (named `field`), not the new tokens' (which
     /score has not even got); both together over it is `resolve_pe`'s check, at submission.
@@ -168,10 +171,35 @@ def check_room(
         needs = ", which must also hold at least one generated token" if new_tokens else ""
         message = f"{field} is {input_length} tokens; the max_context of {info.name} is {info.max_context}"
         raise InvalidRequestError(f"{message}{needs}.", param=field)
-    if new_tokens > info.max_context:
+    if isinstance(attention, StreamingAttention):
+        if new_tokens > info.max_stream_tokens:
+            limit = f"the server's --max-stream-tokens ({info.max_stream_tokens})"
+            raise InvalidRequestError(
+                f"{new_tokens_field} ({new_tokens}) exceeds {limit}.", param=new_tokens_field
+            )
+    elif new_tokens > info.max_context:
         limit = f"the max_context of {info.name} ({info.max_context})"
         raise InvalidRequestError(
             f"{new_tokens_field} ({new_tokens}) exceeds {limit}.", param=new_tokens_field
+        )
+
+
+def context_limit(info: ModelInfo, attention: AttentionRule | None) -> int:
+    """The most tokens a request may reach, prompt and generation: max_context, and past it
+    `--max-stream-tokens` more under `streaming` attention, whose row keeps only its window."""
+    if isinstance(attention, StreamingAttention):
+        return info.max_context + info.max_stream_tokens
+    return info.max_context
+
+
+def check_streaming_scaling(attention: AttentionRule, scaling: RopeScaling) -> None:
+    """A streaming row keeps no text to recompute its window from, so its table cannot change with
+    its length: dynamic NTK and LongRoPE are refused under it (`pe_attention.type`)."""
+    if isinstance(attention, StreamingAttention) and scaling.type in ("dynamic", "longrope"):
+        raise InvalidRequestError(
+            f"streaming attention keeps only its window, so it cannot follow a {scaling.type!r} "
+            "scaling's table as the text grows; use a static scaling",
+            param=ATTENTION_FIELD + ".type",
         )
 
 

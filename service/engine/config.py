@@ -19,6 +19,7 @@ class EngineConfig:
     dtype: str | None = None
     weights: str = "float"  # `service.settings.Weights`
     max_context: int = 4096
+    max_stream_tokens: int = 65536
     max_batch_size: int = 16
     step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET
     prefill_slowdown: float = DEFAULT_PREFILL_SLOWDOWN

@@ -53,6 +53,7 @@ def load_models(
     max_context: int = 4096,
     weights: str = "float",
     pe_cache: PECache | None = None,
+    max_stream_tokens: int = 65536,
 ) -> list[ServedModel]:
     """Load every directory (ours, Hugging Face or GGUF) onto one device, in order, its linear
     weights kept as `weights` says."""
@@ -68,6 +69,7 @@ def load_models(
                 max_context=max_context,
                 weights=weights,
                 pe_cache=cache,
+                max_stream_tokens=max_stream_tokens,
             )
         except Exception as error:
             # A truncated safetensors file or a config.json that is not JSON says nothing of where.
@@ -117,9 +119,16 @@ class InferenceEngine(EngineFrontend):
         prefill_slowdown: float = DEFAULT_PREFILL_SLOWDOWN,
         decode: DecodeSettings = DEFAULT_DECODE,
         pe_cache: PECache | None = None,
+        max_stream_tokens: int = 65536,
     ) -> InferenceEngine:
         models = load_models(
-            dirs, device=device, dtype=dtype, max_context=max_context, weights=weights, pe_cache=pe_cache
+            dirs,
+            device=device,
+            dtype=dtype,
+            max_context=max_context,
+            weights=weights,
+            pe_cache=pe_cache,
+            max_stream_tokens=max_stream_tokens,
         )
         return cls(
             models,
@@ -140,6 +149,7 @@ class InferenceEngine(EngineFrontend):
             device=config.device,
             dtype=config.dtype,
             max_context=config.max_context,
+            max_stream_tokens=config.max_stream_tokens,
             weights=config.weights,
             max_batch_size=config.max_batch_size,
             max_queue=max_queue,

@@ -151,6 +151,7 @@ def load_served_model(
     max_context: int,
     pe_cache: PECache,
     weights: str = "float",
+    max_stream_tokens: int = 65536,
 ) -> ServedModel:
     """Load our checkpoint, a Hugging Face directory (`tokenizer.json` required) or a GGUF file,
     then pack its linear weights as `weights` says (a `WeightsError` if they cannot run here)."""
@@ -188,6 +189,7 @@ def load_served_model(
         scheme=config.pe,
         native_context=config.native_context,
         max_context=min(max_context, config.sliding_window or max_context),
+        max_stream_tokens=max_stream_tokens if "streaming" in SUPPORTED_ATTENTION[config.pe] else 0,
         supported_scalings=SUPPORTED_SCALINGS[config.pe],
         supported_attention=SUPPORTED_ATTENTION[config.pe],
         parameters=sum(parameter.numel() for parameter in model.parameters()),

@@ -79,6 +79,7 @@ def engine_main(connection: Connection, config: EngineConfig) -> None:
             dtype=config.dtype,
             max_context=config.max_context,
             weights=config.weights,
+            max_stream_tokens=config.max_stream_tokens,
         )
         # Pools are allocated and fast backends warmed up here: their failures are start-up's too.
         core = EngineCore(

@@ -131,6 +131,9 @@ class ModelInfo:
     weights: str = "float"  # how its linear weights are kept (`service.model.quantized`)
     # A training-side zoo member's method (`training.extension`: pi-ft, yarn-ft, pose, randpos).
     training_method: str | None = None
+    # The most tokens a generation under `pe_attention` streaming may make, past max_context (0:
+    # the scheme cannot stream).
+    max_stream_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,9 @@ class RowCache(Protocol):
     @property
     def table_keys(self) -> list[Hashable]: ...
 
+    @property
+    def text_offsets(self) -> list[int]: ...
+
     def reserve(self, new_tokens: int) -> None: ...
 
     def key_positions(self) -> Tensor: ...
@@ -75,6 +78,11 @@ class KVCache:
         # equal length, written with one slice).
         self._pass_slots: tuple[Tensor, Tensor] | None = None
         self._window = 0  # the pass's key window, max(lengths) + T
+
+    @property
+    def text_offsets(self) -> list[int]:
+        """Contiguous rows hold their whole text: every entry sits at its index."""
+        return [0] * len(self.lengths)
 
     @classmethod
     def empty(

@@ -56,6 +56,9 @@ class PagedRow:
     table_key: Hashable = None
     tokens: list[int] = field(default_factory=list)  # the ids behind its entries, to recompute them
     prefix: list[bytes] = field(default_factory=list)  # the keys its prompt's whole blocks publish
+    # Tokens of its text whose blocks it gave back (`PagedKVCache.slide`): slots past its head
+    # hold text index slot + dropped.
+    dropped: int = 0
 
 
 class PagedKVCache:
@@ -191,6 +194,27 @@ class PagedKVCache:
                 self._key_of[block] = key
                 self._published[key] = block
 
+    def slide(self, row: PagedRow, *, head: int, window: int, room: int) -> bool:
+        """Give back the row's blocks that lie wholly between its first `head` slots and its last
+        `window` entries, so that a row attending to sinks and a window (StreamingLLM) holds a
+        bounded number of blocks however long its text grows; keep room for `room` more entries,
+        reusing a dropped block at the tail before taking a free one. The remaining entries keep
+        the positions recorded for them (`key_positions`) and move down to fill the gap (their
+        count is added to `row.dropped`). Returns whether the row's blocks changed."""
+        size = self.block_size
+        before = list(row.blocks)
+        first = math.ceil(head / size)  # blocks holding the head stay where they are
+        last = max(first, (row.length - window) // size)  # blocks wholly before the window
+        released = row.blocks[first:last]
+        del row.blocks[first:last]
+        row.length -= len(released) * size
+        row.dropped += len(released) * size
+        while len(row.blocks) * size < row.length + room:
+            row.blocks.append(released.pop() if released else self._take())
+        for block in released:
+            self._unreference(block)
+        return row.blocks != before
+
     def release(self, row: PagedRow) -> None:
         """Give the row's blocks back; published ones stay cached until evicted, the tail first."""
         for block in reversed(row.blocks):
@@ -292,6 +316,11 @@ class PagedRows:
     def table_keys(self) -> list[Hashable]:
         return [row.table_key for row in self.rows]
 
+    @property
+    def text_offsets(self) -> list[int]:
+        """How far each row's next entries sit in its text past their slot (`PagedRow.dropped`)."""
+        return [row.dropped for row in self.rows]
+
     def reserve(self, new_tokens: int) -> None:
         """Work out, once per pass, where the next `new_tokens` of every row go, and record their
         positions in the pool."""
@@ -304,9 +333,11 @@ class PagedRows:
         Slots past a row's reservation are the scratch block's, which nobody reads."""
         device = self.block_table.device
         starts = torch.tensor(self.lengths, dtype=torch.long, device=device)
-        positions = starts[:, None] + torch.arange(new_tokens, device=device)[None, :]  # [B, T]
-        blocks, offsets = self.slots(positions)
-        self.pool.key_positions[blocks, offsets] = positions
+        slots = starts[:, None] + torch.arange(new_tokens, device=device)[None, :]  # [B, T]
+        blocks, offsets = self.slots(slots)
+        self.pool.key_positions[blocks, offsets] = (
+            slots + torch.tensor(self.text_offsets, device=device)[:, None]
+        )
         return blocks, offsets
 
     def key_positions(self) -> Tensor:

@@ -212,6 +212,7 @@ class _Row:
     count: int  # real tokens among the pass's query_length
     table_length: int = dataclasses.field(compare=False)
     rule: AttentionRule | None = None  # `pe_attention`; None: standard
+    shift: int = 0  # text index minus cache slot of its new tokens (`text_offsets`)
 
 
 class PositionalEncoding(nn.Module):
@@ -245,6 +246,7 @@ class PositionalEncoding(nn.Module):
         counts: Sequence[int] | None = None,
         key_positions: Tensor | None = None,
         rules: Sequence[AttentionRule | None] | None = None,
+        text_offsets: Sequence[int] | None = None,
     ) -> PositionalInputs:
         """Inputs for `query_length` new tokens per row after `past_lengths[i]` cached ones.
 
@@ -258,25 +260,29 @@ class PositionalEncoding(nn.Module):
         chunked prefill passes the whole prompt's length so that every chunk uses one table.
         `counts[i]` is how many of row i's tokens are real: padding repeats the last real position,
         so it never reaches past a table (a learned one ends where the model's context does).
+        `text_offsets[i]` is how far row i's new tokens sit in its text past their cache slot (a
+        streaming row that gave back blocks, `PagedKVCache.slide`): positions are text indices,
+        slots only say which keys are the row's.
         """
         for scaling in set(scalings):
             self.check_scaling(scaling)
         lengths = table_lengths or [past + query_length for past in past_lengths]
         real = counts or [query_length] * len(past_lengths)
         row_rules = list(rules) if rules is not None else [None] * len(past_lengths)
+        shifts = list(text_offsets) if text_offsets is not None else [0] * len(past_lengths)
         rows = [
-            _Row(past, scaling, self.table_key(scaling, length), count, length, rule)
-            for past, scaling, length, count, rule in zip(
-                past_lengths, scalings, lengths, real, row_rules, strict=True
+            _Row(past, scaling, self.table_key(scaling, length), count, length, rule, shift)
+            for past, scaling, length, count, rule, shift in zip(
+                past_lengths, scalings, lengths, real, row_rules, shifts, strict=True
             )
         ]
         if len(set(rows)) == 1:
             rows = rows[:1]
         key_length = max(row.past for row in rows) + query_length
-        pasts = torch.tensor([row.past for row in rows], device=device)
+        starts = torch.tensor([row.shift + row.past for row in rows], device=device)
         last = torch.tensor([row.count - 1 for row in rows], device=device)
         offsets = torch.minimum(torch.arange(query_length, device=device)[None, :], last[:, None])
-        query_positions = pasts[:, None] + offsets  # [R, Tq]
+        query_positions = starts[:, None] + offsets  # [R, Tq] text indices
         if key_positions is None:
             key_positions = torch.arange(key_length, device=device)[None]
         bias = self._attention_bias(query_positions, key_positions, key_length, dtype)
@@ -289,7 +295,7 @@ class PositionalEncoding(nn.Module):
             mask = mask if bias is None else mask + bias
         return PositionalInputs(
             absolute=self._absolute(rows, query_positions, dtype),
-            rope=self._rope(rows, query_positions, key_length, dtype),
+            rope=self._rope(rows, query_positions, key_length + max(row.shift for row in rows), dtype),
             attn_mask=mask,
             causal=mask is None and not sees_all,
             relative=relative_inputs(

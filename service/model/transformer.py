@@ -355,6 +355,7 @@ class Transformer(nn.Module):
                 counts=counts,
                 key_positions=key_positions,
                 rules=rules,
+                text_offsets=cache.text_offsets if cache is not None else None,
             )
         if positions.absolute is not None:
             hidden = hidden + positions.absolute

@@ -73,11 +73,17 @@ def resolve_target(engine: Engine, body: ModelSelection, aliases: ModelAliases =
     requested = merged_field(body.model, named.scaling, body.pe_scaling, SCALING_FIELD)
     with set_by_name(body.model, named.attention is not None):
         attention = resolve_attention(model, wanted_rule)
-    if requested is None:
-        return Target(model=model, scaling=None, attention=attention, asked=asked)
-    with set_by_name(body.model, named.scaling is not None):
-        check_scaling_supported(model, requested.type)
-        scaling = RopeScaling.from_hf(requested.to_hf(), max_position_embeddings=model.native_context)
+    scaling = None
+    if requested is not None:
+        with set_by_name(body.model, named.scaling is not None):
+            check_scaling_supported(model, requested.type)
+            scaling = RopeScaling.from_hf(requested.to_hf(), max_position_embeddings=model.native_context)
+    if named.scaling is not None or named.attention is not None:
+        # What the model checks beyond each field (LongRoPE's lists against its rotary dimension,
+        # a rule against the scaling) is checked at submission, naming the fields; checked here
+        # for what a name set, so that its errors name `model`.
+        with set_by_name(body.model, True):
+            engine.resolve_pe(model.name, scaling, 1, attention)
     return Target(model=model, scaling=scaling, attention=attention, asked=asked)
 
 
@@ -141,7 +147,7 @@ def prepare_input(
     given = body.prompt if body.prompt is not None else body.tokens
     assert given is not None
     tokens = input_tokens(engine, target.model, given, field=field, minimum=min_tokens)
-    check_room(target.model, len(tokens), field=field, new_tokens=new_tokens)
+    check_room(target.model, len(tokens), field=field, new_tokens=new_tokens, attention=target.attention)
     return PreparedInput(target=target, tokens=tokens)
 
 

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import APIRouter, Depends, Request, Response
 
 from service.api.chat_template import render_chat
-from service.api.deps import EngineDep, FirstTokenDep, RequestIdDep, SubmissionDep, require_json
+from service.api.deps import AliasesDep, EngineDep, FirstTokenDep, RequestIdDep, SubmissionDep, require_json
 from service.api.errors import CLIENT_CLOSED_REQUEST
 from service.api.handles import ClientDisconnectedError, final_results
 from service.api.openai_runs import cancel_all, created_now, openai_finish_reason, openai_usage, submit_all
@@ -54,16 +54,24 @@ async def chat_completions(
     request_id: RequestIdDep,
     first_token: FirstTokenDep,
     submission: SubmissionDep,
+    aliases: AliasesDep,
 ) -> Response:
     """OpenAI's chat completions; extension fields (`pe`, `pe_scaling`, `min_p`, ...) at the top level."""
-    target = resolve_target(engine, body)
+    target = resolve_target(engine, body, aliases)
     model = target.model
     prompt = render_chat(
         model.name, engine.tokenizer_info(model.name), [m.for_template() for m in body.messages]
     )
     tokens = tuple(engine.tokenize(model.name, prompt, add_special_tokens=False))
     max_tokens = body.max_completion_tokens or body.max_tokens or max(model.max_context - len(tokens), 1)
-    check_room(model, len(tokens), field="messages", new_tokens=max_tokens, new_tokens_field="max_tokens")
+    check_room(
+        model,
+        len(tokens),
+        field="messages",
+        new_tokens=max_tokens,
+        new_tokens_field="max_tokens",
+        attention=target.attention,
+    )
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     jobs = [
         generation_request(
@@ -83,7 +91,7 @@ async def chat_completions(
     handles = submit_all(submission, engine, jobs)
     text = token_text(engine, model.name)
     if body.stream:
-        events = _stream(body, handles, response_id, model.name, len(tokens), text, request_id, first_token)
+        events = _stream(body, handles, response_id, target.name, len(tokens), text, request_id, first_token)
         return EventStreamResponse(events, on_abort=lambda: cancel_all(handles))
     try:
         results = await final_results(handles, request.receive, first_token)
@@ -102,7 +110,7 @@ async def chat_completions(
     response = ChatCompletionResponse(
         id=response_id,
         created=created_now(),
-        model=model.name,
+        model=target.name,
         choices=choices,
         usage=openai_usage(
             len(tokens), sum(len(result.tokens) for result in generated), generated[0].cached_tokens

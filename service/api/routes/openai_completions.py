@@ -118,7 +118,12 @@ def _plan(engine: Engine, target: Target, body: CompletionRequest, response_id: 
         field = "prompt" if isinstance(given, str) else f"prompt.{index}"
         tokens = input_tokens(engine, model, given, field=field)
         check_room(
-            model, len(tokens), field="prompt", new_tokens=body.max_tokens, new_tokens_field="max_tokens"
+            model,
+            len(tokens),
+            field="prompt",
+            new_tokens=body.max_tokens,
+            new_tokens_field="max_tokens",
+            attention=target.attention,
         )
         text = given if isinstance(given, str) else engine.detokenize(model.name, list(tokens))
         prompts.append(_Prompt(tokens=tokens, text=text))

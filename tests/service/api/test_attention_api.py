@@ -22,7 +22,7 @@ import torch
 from service.model.attention_rules import AttentionRule
 from service.model.checkpoint import load_checkpoint
 from tests.conftest import TinyCheckpointFactory
-from tests.live_server import LiveServer, live_server
+from tests.live_server import LiveServer, OptionValue, live_server
 from tests.service.api.conftest import SERVER_ENV
 from tests.service.test_attention_model import BASE, CASES, IDS, model, reference_logprobs, text
 
@@ -36,7 +36,7 @@ TIMEOUT = 120.0
 def server(make_tiny_checkpoint: TinyCheckpointFactory) -> Iterator[LiveServer]:
     rope = make_tiny_checkpoint("rope", name=MODEL, seed=5, rope_base=BASE, native_context=128)
     alibi = make_tiny_checkpoint("alibi", name="tiny-alibi-rules")
-    options = {"device": "cpu", "dtype": "float32", "max_context": 512}
+    options: dict[str, OptionValue] = {"device": "cpu", "dtype": "float32", "max_context": 512}
     with live_server([rope, alibi], options=options, env=SERVER_ENV) as running:
         yield running
 
