@@ -16,6 +16,7 @@ from service.api.lifespan import Companion
 from service.api.loading import load_engine
 from service.engine.types import Engine, EngineStats
 from service.requests.metrics import ServiceMetrics
+from service.requests.model_names import ModelAliases
 from service.requests.running import KeyLimits, RunningRequests
 from service.requests.state import ServiceState
 from service.settings import Settings
@@ -24,7 +25,9 @@ from service.settings import Settings
 def create_server(settings: Settings, engine: Engine | None = None) -> FastAPI:
     """A server that loads its models itself (the bundled zoo unless `settings.model_dir` says
     otherwise), or serves `engine`, which it then starts, warms and shuts down as its own."""
-    state = ServiceState(drain_timeout_s=settings.drain_timeout_s)
+    state = ServiceState(
+        drain_timeout_s=settings.drain_timeout_s, aliases=ModelAliases.from_flags(settings.alias)
+    )
 
     def engine_stats() -> EngineStats | None:
         return state.engine.stats() if state.engine is not None else None

@@ -9,10 +9,11 @@ Used by the service's own tests and by the SDK's live tests, so its interface is
 
 `live_server(model_dirs, options=...)` runs `python -m service --host 127.0.0.1 --port <free>
 --model-dir ... --<option> <value> ...` (option names are the CLI's flags with `_` for `-`;
-`True` passes a bare flag, e.g. `{"no_warmup": True}`), waits until `/readyz` answers 200,
-yields a `LiveServer`, and stops the process on exit (SIGTERM, then SIGKILL if it does not exit
-in time). An empty `model_dirs` serves the bundled zoo. The server's log (JSON lines) goes to a
-file, read with `server.logs()`; it is included in the error when the server fails to start.
+`True` passes a bare flag, e.g. `{"no_warmup": True}`; a list repeats the flag), waits until
+`/readyz` answers 200, yields a `LiveServer`, and stops the process on exit (SIGTERM, then SIGKILL
+if it does not exit in time). An empty `model_dirs` serves the bundled zoo. The server's log (JSON
+lines) goes to a file, read with `server.logs()`; it is included in the error when the server fails
+to start.
 The gRPC API listens on another free port, `server.grpc_target` ("127.0.0.1:<port>"), unless
 the options set `grpc_port` themselves (0: none, and `grpc_target` is None).
 """
@@ -39,7 +40,7 @@ STOP_TIMEOUT_S = 30.0
 _POLL_INTERVAL_S = 0.1
 _PORT_ATTEMPTS = 3
 
-OptionValue = str | int | float | bool
+OptionValue = str | int | float | bool | list[str]
 
 
 def free_port() -> int:
@@ -51,11 +52,14 @@ def free_port() -> int:
 
 
 def cli_args(model_dirs: Sequence[Path | str], options: Mapping[str, OptionValue]) -> list[str]:
-    """`--model-dir A B --max-queue 4 --no-warmup` from `[A, B]` and `{"max_queue": 4, "no_warmup": True}`."""
+    """`--model-dir A B --max-queue 4 --no-warmup` from `[A, B]` and `{"max_queue": 4, "no_warmup": True}`;
+    a list repeats its flag (`{"alias": ["a=M", "b=M"]}`: `--alias a=M --alias b=M`)."""
     args = ["--model-dir", *map(str, model_dirs)] if model_dirs else []
     for name, value in options.items():
         flag = "--" + name.replace("_", "-")
-        if value is True:
+        if isinstance(value, list):
+            args.extend(part for item in value for part in (flag, item))
+        elif value is True:
             args.append(flag)
         elif value is not False:
             args.extend([flag, str(value)])

@@ -15,6 +15,7 @@ from service.engine.types import Engine
 from service.requests.auth import ANONYMOUS
 from service.requests.errors import ErrorKind, RequestError
 from service.requests.metrics import ServiceMetrics
+from service.requests.model_names import ModelAliases
 from service.requests.running import FirstTokenTimer, RunningRequests, Submission
 from service.requests.state import ServiceState
 
@@ -31,6 +32,11 @@ async def get_metrics(request: Request) -> ServiceMetrics:
 
 async def get_engine(state: Annotated[ServiceState, Depends(get_state)]) -> Engine:
     return state.engine_for_request()
+
+
+async def get_aliases(state: Annotated[ServiceState, Depends(get_state)]) -> ModelAliases:
+    """The `--alias` names, which the request core resolves with every model name."""
+    return state.aliases
 
 
 async def get_request_id(request: Request) -> str:
@@ -83,6 +89,7 @@ async def require_json(request: Request) -> None:
 StateDep = Annotated[ServiceState, Depends(get_state)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
+AliasesDep = Annotated[ModelAliases, Depends(get_aliases)]
 RequestIdDep = Annotated[str, Depends(get_request_id)]
 FirstTokenDep = Annotated[FirstTokenTimer, Depends(get_first_token_timer)]
 CallerDep = Annotated[str, Depends(get_caller)]

@@ -2,7 +2,8 @@
 
 Loading runs after the server is listening, so `/healthz` answers at once while `/readyz` stays
 503 until every model has run one tiny prefill (which also builds the PE tables of its default
-scaling). A failed load is logged and leaves the state FAILED; the CLI then exits non-zero.
+scaling). A failed load, or an `--alias` the loaded models cannot serve, is logged and leaves the
+state FAILED; the CLI then exits non-zero.
 
 Companion servers (the gRPC API) start before loading, so their health reports the loading phase
 too, and stop after the HTTP side has drained, before the engine shuts down. One that cannot start
@@ -21,6 +22,8 @@ from fastapi import FastAPI
 
 from service.engine.errors import ModelLoadError
 from service.engine.types import Engine, ScoreResult, ScoringRequest
+from service.requests.model_names import ModelNameError
+from service.requests.prepare import check_aliases
 from service.requests.state import Phase, ServiceState
 from service.startup_heap import freeze_startup_objects
 
@@ -59,11 +62,16 @@ async def start_engine(state: ServiceState, build: EngineFactory, *, warm: bool)
         engine = await asyncio.to_thread(build)
         state.engine = engine
         engine.start()
+        check_aliases(engine, state.aliases)
         if warm:
             await warm_up(engine)
         freeze_startup_objects()
     except ModelLoadError as error:
         logger.error("model loading failed: %s", error)
+        state.phase = Phase.FAILED
+        return
+    except ModelNameError as error:  # an `--alias` the loaded models cannot serve
+        logger.error("refused: %s", error)
         state.phase = Phase.FAILED
         return
     except Exception:

@@ -133,10 +133,11 @@ class PEServeServicer:
     def _generation(self, call: _Call, body: GenerateRequest) -> AsyncIterator[bytes]:
         """Submit the generation (raising if it is refused); its messages, serialized, as they come."""
         engine = self._state.engine_for_request()
-        prepared = prepare_generation(engine, body, stream=True)
+        prepared = prepare_generation(engine, body, stream=True, aliases=self._state.aliases)
         job = generate_job(call.request_id, body, prepared, stream=True)
         first_token = FirstTokenTimer(self._metrics, call.started)
         text = token_text(engine, job.model)
+        model = prepared.target.name  # as the request named it
         handle = self._running.open(call.caller, call.request_id, call.endpoint).submit(engine, job)
 
         async def messages() -> AsyncIterator[bytes]:
@@ -146,7 +147,7 @@ class PEServeServicer:
                     if isinstance(event, TokenEvent):
                         yield token_chunk(event, text).SerializeToString()
                     elif isinstance(event, GenerationResult):
-                        yield generate_end(call.request_id, job.model, event).SerializeToString()
+                        yield generate_end(call.request_id, model, event).SerializeToString()
             finally:
                 handle.cancel()
 
@@ -154,13 +155,15 @@ class PEServeServicer:
 
     async def _scoring(self, call: _Call, body: ScoreRequest) -> bytes:
         engine = self._state.engine_for_request()
-        job = score_job(call.request_id, body, prepare_scored(engine, body))
+        prepared = prepare_scored(engine, body, self._state.aliases)
+        job = score_job(call.request_id, body, prepared)
         handle = self._running.open(call.caller, call.request_id, call.endpoint).submit(engine, job)
         try:
             async for event in handle:
                 if isinstance(event, ScoreResult):
                     text = token_text(engine, job.model)
-                    return score_message(call.request_id, job.model, event, text).SerializeToString()
+                    name = prepared.target.name
+                    return score_message(call.request_id, name, event, text).SerializeToString()
         finally:
             handle.cancel()
         raise RuntimeError(f"request {call.request_id} ended without a result")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from service.engine.types import Engine
 from service.requests.errors import unavailable
+from service.requests.model_names import NO_ALIASES, ModelAliases
 
 logger = logging.getLogger("service.requests.state")
 
@@ -33,6 +34,8 @@ class ServiceState:
 
     drain_timeout_s: float
     engine: Engine | None = None
+    # `--alias` names, resolved by every transport through the request core (`prepare`).
+    aliases: ModelAliases = NO_ALIASES
     drained: asyncio.Event = field(default_factory=asyncio.Event)
     _phase: Phase = field(default=Phase.LOADING, init=False)
     _listeners: list[Callable[[Phase], None]] = field(default_factory=list, init=False)

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 
-from service.api.deps import EngineDep, FirstTokenDep, RequestIdDep, SubmissionDep, require_json
+from service.api.deps import AliasesDep, EngineDep, FirstTokenDep, RequestIdDep, SubmissionDep, require_json
 from service.api.handles import result_of
 from service.api.once import answer_once
 from service.api.openapi import INFERENCE_ERRORS, STREAM_EVENT_SCHEMA, scaling_examples
@@ -58,18 +58,20 @@ async def generate(
     request_id: RequestIdDep,
     first_token: FirstTokenDep,
     submission: SubmissionDep,
+    aliases: AliasesDep,
 ) -> Response:
     """Generate from `prompt` or `tokens` on the model picked by `model` / `pe`, scaled by `pe_scaling`."""
-    prepared = prepare_generation(engine, body, stream=body.stream)
+    prepared = prepare_generation(engine, body, stream=body.stream, aliases=aliases)
     response_id = f"gen-{uuid.uuid4().hex}"
     job = generate_job(response_id, body, prepared, stream=body.stream)
     text = token_text(engine, job.model)
+    model = prepared.target.name  # as the request named it
     if body.stream:
         handle = submission.submit(engine, job)
         events = generation_events(
             handle,
             response_id=response_id,
-            model=job.model,
+            model=model,
             request_id=request_id,
             on_event=first_token,
             text=text,
@@ -78,6 +80,6 @@ async def generate(
 
     async def answer() -> bytes:
         result = await result_of(submission.submit(engine, job), GenerationResult, first_token)
-        return json_body(generate_response(response_id, job.model, result, text))
+        return json_body(generate_response(response_id, model, result, text))
 
     return await answer_once(request, body, answer)

@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from service.api.chat_template import render_chat
-from service.api.deps import EngineDep, require_json
+from service.api.deps import AliasesDep, EngineDep, require_json
 from service.api.openapi import error_responses
 from service.api.schemas.tokenizer import (
     DetokenizeRequest,
@@ -22,7 +22,7 @@ from service.api.schemas.tokenizer import (
     TokenizerInfoResponse,
 )
 from service.requests.errors import ErrorKind, RequestError
-from service.requests.prepare import input_tokens
+from service.requests.prepare import input_tokens, resolve_model_name
 
 router = APIRouter(tags=["tokenizer"])
 
@@ -30,12 +30,12 @@ _ERRORS = error_responses(401, 404, 413, 415, 422, 503)
 
 
 @router.post("/tokenize", dependencies=[Depends(require_json)], responses=_ERRORS)
-async def tokenize(body: TokenizeRequest, engine: EngineDep) -> TokenizeResponse:
+async def tokenize(body: TokenizeRequest, engine: EngineDep, aliases: AliasesDep) -> TokenizeResponse:
     if (body.prompt is None) == (body.messages is None):
         raise RequestError(
             ErrorKind.INVALID, "Exactly one of 'prompt' and 'messages' is required.", param="prompt"
         )
-    model = engine.resolve_model(body.model, None)
+    model = resolve_model_name(engine, body.model, aliases)
     if body.messages is not None:
         text = render_chat(
             model.name,
@@ -52,8 +52,8 @@ async def tokenize(body: TokenizeRequest, engine: EngineDep) -> TokenizeResponse
 
 
 @router.post("/detokenize", dependencies=[Depends(require_json)], responses=_ERRORS)
-async def detokenize(body: DetokenizeRequest, engine: EngineDep) -> DetokenizeResponse:
-    model = engine.resolve_model(body.model, None)
+async def detokenize(body: DetokenizeRequest, engine: EngineDep, aliases: AliasesDep) -> DetokenizeResponse:
+    model = resolve_model_name(engine, body.model, aliases)
     tokens = input_tokens(engine, model, body.tokens, field="tokens", minimum=0)
     return DetokenizeResponse(prompt=engine.detokenize(model.name, list(tokens)))
 
@@ -61,14 +61,15 @@ async def detokenize(body: DetokenizeRequest, engine: EngineDep) -> DetokenizeRe
 @router.get("/tokenizer_info", responses=error_responses(401, 404, 422, 503))
 async def tokenizer_info(
     engine: EngineDep,
+    aliases: AliasesDep,
     model: Annotated[
         str | None, Query(min_length=1, max_length=256, description="Default model if absent.")
     ] = None,
 ) -> TokenizerInfoResponse:
-    info = engine.resolve_model(model, None)
+    info = resolve_model_name(engine, model, aliases)
     tokenizer = engine.tokenizer_info(info.name)
     return TokenizerInfoResponse(
-        model=info.name,
+        model=model or info.name,
         bos_token=tokenizer.bos_token,
         eos_token=tokenizer.eos_token,
         pad_token=tokenizer.pad_token,

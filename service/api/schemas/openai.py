@@ -236,6 +236,12 @@ class OpenAIModel(BaseModel):
     native_context: int
     max_context: int
     supported_scalings: list[str]
+    root: str = Field(
+        description="The resident model that runs it (vLLM's name): itself, or an alias's model."
+    )
+    target: str | None = Field(
+        None, description="For an `--alias` name: its TARGET, the model and the SPECs it sets."
+    )
 
 
 class OpenAIModelList(BaseModel):
