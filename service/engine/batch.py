@@ -355,27 +355,53 @@ class ModelBatch:
         *,
         fast: bool = False,
     ) -> _PassResult:
-        """One pass over the group; if it raises, each row alone from its untouched state.
+        """The group's pass: rows with an attention rule run on the model's own layers, which place
+        each row's keys by its rule (`service.model.rule_attention`); the others where they would
+        run alone (the fast decoder, when there is one), in a pass of their own beside them."""
+        ruled = [
+            row for row, sequence in enumerate(group.sequences) if sequence.request.attention is not None
+        ]
+        if self.fast is None or not ruled or len(ruled) == len(group):
+            return self._run_rows(group.view, group.sequences, chunks, table_lengths, counts, fast=fast)
+        plain = [row for row in range(len(group)) if row not in ruled]
+        results = []
+        for part in (plain, ruled):
+            view = PagedRows(self.pool, [group.rows[row] for row in part])
+            sequences = [group.sequences[row] for row in part]
+            part_chunks = [chunks[row] for row in part]
+            part_lengths = [table_lengths[row] for row in part]
+            part_counts = [counts[row] for row in part]
+            results.append(self._run_rows(view, sequences, part_chunks, part_lengths, part_counts, fast=fast))
+        return _merged((plain, ruled), results)
 
-        The fast decoder runs groups without attention rules; a group with one runs on the model's
-        own layers, which place each row's keys by its rule (`service.model.rule_attention`).
-        """
-        scalings = [sequence.scaling for sequence in group.sequences]
-        rules = _rules(group.sequences)
-        failed = self._refresh(group.view, scalings, rules, table_lengths)
+    def _run_rows(
+        self,
+        view: PagedRows,
+        sequences: Sequence[RunningSequence],
+        chunks: Sequence[tuple[int, ...]],
+        table_lengths: list[int],
+        counts: list[int],
+        *,
+        fast: bool,
+    ) -> _PassResult:
+        """One pass over `view`'s rows (`sequences`); if it raises, each row alone from its
+        untouched state. The fast decoder takes it only when no row has an attention rule."""
+        scalings = [sequence.scaling for sequence in sequences]
+        rules = _rules(sequences)
+        failed = self._refresh(view, scalings, rules, table_lengths)
         decoder = self.fast if rules is None and not failed else None
         try:
-            if fast and decoder is not None and decoder.covers(group.view.lengths):
-                logits = decoder.decode(group.view, [chunk[0] for chunk in chunks], scalings)
-            elif not fast and decoder is not None and decoder.prefills(group.view.lengths, counts):
-                logits = decoder.prefill(group.view, chunks, counts, scalings, table_lengths)
+            if fast and decoder is not None and decoder.covers(view.lengths):
+                logits = decoder.decode(view, [chunk[0] for chunk in chunks], scalings)
+            elif not fast and decoder is not None and decoder.prefills(view.lengths, counts):
+                logits = decoder.prefill(view, chunks, counts, scalings, table_lengths)
             else:
-                logits = self._forward(group.view, chunks, scalings, rules, table_lengths, counts)
+                logits = self._forward(view, chunks, scalings, rules, table_lengths, counts)
         except Exception:
             logger.exception("a batched pass failed; rerunning its rows one by one")
-            return self._run_rows_alone(group.rows, chunks, scalings, rules, table_lengths, counts, failed)
-        ran = [row for row in range(len(group)) if row not in failed]
-        return _PassResult(ran, logits if len(ran) == len(group) else logits[ran], failed)
+            return self._run_rows_alone(view.rows, chunks, scalings, rules, table_lengths, counts, failed)
+        ran = [row for row in range(len(sequences)) if row not in failed]
+        return _PassResult(ran, logits if len(ran) == len(sequences) else logits[ran], failed)
 
     def _run_rows_alone(
         self,
@@ -449,6 +475,17 @@ class ModelBatch:
                 attention=rules,
             )[:, -1]  # [N, V] at each row's last real token
         return logits.float()
+
+
+def _merged(parts: Sequence[list[int]], results: Sequence[_PassResult]) -> _PassResult:
+    """The results of passes over parts of a group (row indices in `parts`) as one result."""
+    ran = [part[row] for part, result in zip(parts, results, strict=True) for row in result.rows]
+    failed = {
+        part[row]: error
+        for part, result in zip(parts, results, strict=True)
+        for row, error in result.failed.items()
+    }
+    return _PassResult(ran, torch.cat([result.logits for result in results]), failed)
 
 
 def _rules(sequences: Sequence[RunningSequence]) -> list[AttentionRule | None] | None:
