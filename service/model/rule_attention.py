@@ -84,24 +84,24 @@ def rule_row_attention(
     row: RuleRow, queries: Tensor, keys: Tensor, values: Tensor, layout: RopeLayout
 ) -> Tensor:
     """One row: queries [H, Tq, hd] (rotated at their text indices, log-n applied) against the
-    window's keys and values [Hkv, Tk, hd] -> attended [H, Tq, hd]."""
-    groups = queries.shape[0] // keys.shape[0]
-    scale = 1.0 / math.sqrt(queries.shape[-1])
-    scores = torch.full(
-        (queries.shape[0], queries.shape[1], keys.shape[1]), -math.inf, device=queries.device
-    )  # [H, Tq, Tk] float32
+    window's keys and values [Hkv, Tk, hd] -> attended [H, Tq, hd].
+
+    Query heads sharing a key head are stacked along the query axis ([Hkv, G·Tq, hd]), so keys and
+    values are read once per key head rather than copied for every query head."""
+    heads, length, head_dim = queries.shape
+    kv_heads = keys.shape[0]
+    scale = 1.0 / math.sqrt(head_dim)
+    scores = torch.full((heads, length, keys.shape[1]), -math.inf, device=queries.device)  # [H, Tq, Tk]
     for branch in row.branches:
-        turned_queries = (
-            queries if branch.query_turn is None else apply_rope(queries, *branch.query_turn, layout=layout)
-        )
-        turned_keys = keys if branch.key_turn is None else apply_rope(keys, *branch.key_turn, layout=layout)
-        products = (turned_queries @ turned_keys.repeat_interleave(groups, dim=0).transpose(-1, -2)).float()
-        products = products * scale
+        turned_queries = _turned(queries, branch.query_turn, layout)
+        turned_keys = _turned(keys, branch.key_turn, layout)
+        grouped = turned_queries.reshape(kv_heads, -1, head_dim)  # [Hkv, G·Tq, hd]
+        products = (grouped @ turned_keys.transpose(-1, -2)).view(heads, length, -1).float() * scale
         if branch.bias is not None:
             products = products + branch.bias
         scores = torch.where(branch.selected, products, scores)
-    weights = torch.softmax(scores, dim=-1).to(values.dtype)
-    attended: Tensor = weights @ values.repeat_interleave(groups, dim=0)
+    weights = torch.softmax(scores, dim=-1).to(values.dtype)  # [H, Tq, Tk]
+    attended: Tensor = (weights.view(kv_heads, -1, keys.shape[1]) @ values).view(heads, length, head_dim)
     return attended
 
 
