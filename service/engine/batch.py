@@ -1,18 +1,16 @@
-"""One model's running sequences: those still reading their prompt, and those decoding.
+"""One model's scheduler: its running sequences, those still reading their prompt and those
+decoding, and what each step runs of them.
 
 Every sequence owns blocks of the model's KV pool (`service.model.paged_cache`) from admission to
 exit, so rows moving between the groups, joining or leaving copy nothing. A decode pass runs every
-decoding row in one forward pass, each row with its own RoPE scaling: through the compiled step
-(`service.model.fast_decode`) when it applies, else the eager model. A prefill chunk advances every
+decoding row, each row with its own RoPE scaling and attention rule. A prefill chunk advances every
 prefilling row by one width of prompt tokens sized to the step's token budget (rows of different
 prompt lengths and progress share the pass; a row with fewer tokens left is padded), so a long
 prompt is read a slice per step between decode passes instead of stalling them. A row whose
 prompt is complete moves to the decoding group with its first token's logits.
 
-Failures stay with their row. A row's length advances only after a pass succeeded (what a failed
-pass wrote lies past it, and is overwritten), so when a batched pass raises, every row is rerun
-alone from the state it was in, and only the rows that still raise fail; rows that did nothing
-wrong never write a token twice.
+The passes themselves are the runner's (`service.engine.runner.ModelRunner`): which backend
+takes them, and how a failed pass is rerun row by row so that failures stay with their row.
 """
 
 from __future__ import annotations
@@ -27,13 +25,13 @@ from torch import Tensor
 
 from pe_runtime import RopeScaling
 from service.engine.budget import ChunkPlan, plan_chunk
+from service.engine.runner import ModelRunner, PassResult, PassRows
 from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest
-from service.model.attention_rules import AttentionRule, StreamingAttention
+from service.model.attention_rules import StreamingAttention
 from service.model.backend import Backend
 from service.model.fast_decode import FastDecoder
 from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows, prefix_keys
-from service.model.refresh import recompute_row, stale_rows
 from service.model.transformer import Stages, Transformer, run_layers
 
 logger = logging.getLogger("service.engine.batch")
@@ -51,30 +49,11 @@ class StepOutcome:
 
 
 @dataclass
-class _PassResult:
-    """Logits [N, V] of the N rows that ran (`rows`, in order), and the rows that failed."""
-
-    rows: list[int]
-    logits: Tensor
-    failed: dict[int, Exception]
-
-    def of(self, rows: list[int]) -> Tensor:
-        """The logits of `rows`, a subsequence of `self.rows`: the whole tensor when they are all."""
-        if rows == self.rows:
-            return self.logits
-        at = {row: index for index, row in enumerate(self.rows)}
-        return self.logits[[at[row] for row in rows]]
-
-
-@dataclass
 class _SpreadChunk:
     """A prompt chunk whose pass runs a few layers per step (see `ModelBatch.prefill_chunk`)."""
 
     sequences: list[RunningSequence]
-    rows: list[PagedRow]
-    chunks: list[tuple[int, ...]]
-    table_lengths: list[int]
-    counts: list[int]
+    rows: PassRows
     plan: ChunkPlan
     stages: Stages[Tensor]
 
@@ -134,6 +113,7 @@ class ModelBatch:
         self.model = model
         self.pool = pool
         self.fast = fast
+        self.runner = ModelRunner(model, pool, fast)
         self.backend = backend
         self.prefix_cache = prefix_cache
         self._prefilling = _Group(pool)
@@ -229,19 +209,13 @@ class ModelBatch:
         # Every chunk of a prompt reads the table for the whole prompt: no row changes table mid-prompt.
         lengths = [len(sequence.request.prompt_tokens) for sequence in group.sequences]
         sequences = list(group.sequences)
-        scalings = [sequence.scaling for sequence in sequences]
-        if plan.layers_per_step < plan.layers and not stale_rows(self.model, group.view, scalings, lengths):
-            stages = self.model.forward_stages(
-                self._tokens(chunks),
-                scaling=scalings,
-                cache=group.view,
-                table_lengths=lengths,
-                counts=counts,
-                attention=_rules(sequences),
-            )
-            self._spread = _SpreadChunk(sequences, list(group.rows), chunks, lengths, counts, plan, stages)
-            return self._continue_spread()
-        result = self._run(group, chunks, lengths, counts)
+        rows = _pass_rows(group, chunks, lengths, counts)
+        if plan.layers_per_step < plan.layers:
+            stages = self.runner.stages(rows, group.view)
+            if stages is not None:
+                self._spread = _SpreadChunk(sequences, rows, plan, stages)
+                return self._continue_spread()
+        result = self.runner.run(rows, group.view, decode=False)
         return self._prefilled(sequences, counts, result), plan.cost
 
     def _continue_spread(self) -> tuple[StepOutcome, int]:
@@ -254,26 +228,17 @@ class ModelBatch:
         except Exception:
             logger.exception("a spread prompt chunk failed; rerunning its rows one by one")
             self._spread = None
-            scalings = [sequence.scaling for sequence in spread.sequences]
-            result = self._run_rows_alone(
-                spread.rows,
-                spread.chunks,
-                scalings,
-                _rules(spread.sequences),
-                spread.table_lengths,
-                spread.counts,
-                {},
-            )
-            return self._prefilled(spread.sequences, spread.counts, result), spread.plan.cost_per_step
+            result = self.runner.run_alone(spread.rows)
+            return self._prefilled(spread.sequences, spread.rows.counts, result), spread.plan.cost_per_step
         if logits is None:
-            return self._outcome([], self._nothing_ran(), []), spread.plan.cost_per_step
+            return self._outcome([], self.runner.nothing_ran(), []), spread.plan.cost_per_step
         self._spread = None
         last = logits[:, -1].float()  # [N, V] at each row's last real token
-        result = _PassResult(list(range(len(spread.sequences))), last, {})
-        return self._prefilled(spread.sequences, spread.counts, result), spread.plan.cost_per_step
+        result = PassResult(list(range(len(spread.sequences))), last, {})
+        return self._prefilled(spread.sequences, spread.rows.counts, result), spread.plan.cost_per_step
 
     def _prefilled(
-        self, sequences: list[RunningSequence], counts: list[int], result: _PassResult
+        self, sequences: list[RunningSequence], counts: list[int], result: PassResult
     ) -> StepOutcome:
         for row in result.rows:
             sequences[row].prefilled += counts[row]
@@ -286,7 +251,9 @@ class ModelBatch:
         self._slide(group)
         lengths = [past + 1 for past in group.view.lengths]
         chunks = [(sequence.last_token,) for sequence in group.sequences]
-        result = self._run(group, chunks, lengths, [1] * len(chunks), fast=True)
+        result = self.runner.run(
+            _pass_rows(group, chunks, lengths, [1] * len(chunks)), group.view, decode=True
+        )
         return self._outcome(group.sequences, result, result.rows)
 
     def _slide(self, group: _Group) -> None:
@@ -312,7 +279,7 @@ class ModelBatch:
         held = (math.ceil(rule.sink_tokens / size) + math.ceil(rule.window / size) + 2) * size
         return min(reach, max(len(request.prompt_tokens) + 1, held))
 
-    def _outcome(self, sequences: list[RunningSequence], result: _PassResult, rows: list[int]) -> StepOutcome:
+    def _outcome(self, sequences: list[RunningSequence], result: PassResult, rows: list[int]) -> StepOutcome:
         logits = result.of(rows)
         failed = [(sequences[row], error) for row, error in result.failed.items()]
         return StepOutcome([sequences[row] for row in rows], logits, failed)
@@ -339,159 +306,19 @@ class ModelBatch:
             self._decoding.join(sequence, row)
         return dropped
 
-    @property
-    def _device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
 
-    def _tokens(self, chunks: Sequence[tuple[int, ...]]) -> Tensor:
-        return torch.tensor([list(chunk) for chunk in chunks], dtype=torch.long, device=self._device)
-
-    def _run(
-        self,
-        group: _Group,
-        chunks: Sequence[tuple[int, ...]],
-        table_lengths: list[int],
-        counts: list[int],
-        *,
-        fast: bool = False,
-    ) -> _PassResult:
-        """The group's pass: rows with an attention rule run on the model's own layers, which place
-        each row's keys by its rule (`service.model.rule_attention`); the others where they would
-        run alone (the fast decoder, when there is one), in a pass of their own beside them."""
-        ruled = [
-            row for row, sequence in enumerate(group.sequences) if sequence.request.attention is not None
-        ]
-        if self.fast is None or not ruled or len(ruled) == len(group):
-            return self._run_rows(group.view, group.sequences, chunks, table_lengths, counts, fast=fast)
-        plain = [row for row in range(len(group)) if row not in ruled]
-        results = []
-        for part in (plain, ruled):
-            view = PagedRows(self.pool, [group.rows[row] for row in part])
-            sequences = [group.sequences[row] for row in part]
-            part_chunks = [chunks[row] for row in part]
-            part_lengths = [table_lengths[row] for row in part]
-            part_counts = [counts[row] for row in part]
-            results.append(self._run_rows(view, sequences, part_chunks, part_lengths, part_counts, fast=fast))
-        return _merged((plain, ruled), results)
-
-    def _run_rows(
-        self,
-        view: PagedRows,
-        sequences: Sequence[RunningSequence],
-        chunks: Sequence[tuple[int, ...]],
-        table_lengths: list[int],
-        counts: list[int],
-        *,
-        fast: bool,
-    ) -> _PassResult:
-        """One pass over `view`'s rows (`sequences`); if it raises, each row alone from its
-        untouched state. The fast decoder takes it only when no row has an attention rule."""
-        scalings = [sequence.scaling for sequence in sequences]
-        rules = _rules(sequences)
-        failed = self._refresh(view, scalings, rules, table_lengths)
-        decoder = self.fast if rules is None and not failed else None
-        try:
-            if fast and decoder is not None and decoder.covers(view.lengths):
-                logits = decoder.decode(view, [chunk[0] for chunk in chunks], scalings)
-            elif not fast and decoder is not None and decoder.prefills(view.lengths, counts):
-                logits = decoder.prefill(view, chunks, counts, scalings, table_lengths)
-            else:
-                logits = self._forward(view, chunks, scalings, rules, table_lengths, counts)
-        except Exception:
-            logger.exception("a batched pass failed; rerunning its rows one by one")
-            return self._run_rows_alone(view.rows, chunks, scalings, rules, table_lengths, counts, failed)
-        ran = [row for row in range(len(sequences)) if row not in failed]
-        return _PassResult(ran, logits if len(ran) == len(sequences) else logits[ran], failed)
-
-    def _run_rows_alone(
-        self,
-        rows: list[PagedRow],
-        chunks: Sequence[tuple[int, ...]],
-        scalings: list[RopeScaling],
-        rules: list[AttentionRule | None] | None,
-        table_lengths: list[int],
-        counts: list[int],
-        failed: dict[int, Exception],
-    ) -> _PassResult:
-        logits: dict[int, Tensor] = {}
-        for row, paged in enumerate(rows):
-            if row in failed:
-                continue
-            span = slice(row, row + 1)
-            try:
-                alone = PagedRows(self.pool, [paged])
-                logits[row] = self._forward(
-                    alone,
-                    chunks[span],
-                    scalings[span],
-                    rules[span] if rules is not None else None,
-                    table_lengths[span],
-                    counts[span],
-                )[0]
-            except Exception as error:
-                failed[row] = error
-        if not logits:
-            return self._nothing_ran(failed)
-        return _PassResult(list(logits), torch.stack(list(logits.values())), failed)
-
-    def _nothing_ran(self, failed: dict[int, Exception] | None = None) -> _PassResult:
-        empty = torch.empty(0, self.model.config.vocab_size, device=self._device)
-        return _PassResult([], empty, failed or {})
-
-    def _refresh(
-        self,
-        rows: PagedRows,
-        scalings: Sequence[RopeScaling],
-        rules: Sequence[AttentionRule | None] | None,
-        table_lengths: Sequence[int],
-    ) -> dict[int, Exception]:
-        """Recompute rows whose table changed; a row whose recomputation raises fails alone."""
-        failed: dict[int, Exception] = {}
-        for row in stale_rows(self.model, rows, scalings, table_lengths):
-            try:
-                with torch.inference_mode():
-                    rule = rules[row] if rules is not None else None
-                    recompute_row(self.model, rows, row, scalings[row], table_lengths[row], rule)
-            except Exception as error:
-                failed[row] = error
-        return failed
-
-    def _forward(
-        self,
-        rows: PagedRows,
-        chunks: Sequence[tuple[int, ...]],
-        scalings: Sequence[RopeScaling],
-        rules: Sequence[AttentionRule | None] | None,
-        table_lengths: Sequence[int],
-        counts: Sequence[int],
-    ) -> Tensor:
-        with torch.inference_mode():
-            logits: Tensor = self.model(
-                self._tokens(chunks),
-                scaling=list(scalings),
-                cache=rows,
-                table_lengths=list(table_lengths),
-                counts=list(counts),
-                attention=rules,
-            )[:, -1]  # [N, V] at each row's last real token
-        return logits.float()
-
-
-def _merged(parts: Sequence[list[int]], results: Sequence[_PassResult]) -> _PassResult:
-    """The results of passes over parts of a group (row indices in `parts`) as one result."""
-    ran = [part[row] for part, result in zip(parts, results, strict=True) for row in result.rows]
-    failed = {
-        part[row]: error
-        for part, result in zip(parts, results, strict=True)
-        for row, error in result.failed.items()
-    }
-    return _PassResult(ran, torch.cat([result.logits for result in results]), failed)
-
-
-def _rules(sequences: Sequence[RunningSequence]) -> list[AttentionRule | None] | None:
-    """Each row's attention rule (`pe_attention`), or None when every row attends as trained."""
-    rules = [sequence.request.attention for sequence in sequences]
-    return rules if any(rule is not None for rule in rules) else None
+def _pass_rows(
+    group: _Group, chunks: Sequence[tuple[int, ...]], table_lengths: list[int], counts: list[int]
+) -> PassRows:
+    """The group's rows as a pass runs them, each with its sequence's scaling and rule."""
+    return PassRows(
+        list(group.rows),
+        list(chunks),
+        [sequence.scaling for sequence in group.sequences],
+        [sequence.request.attention for sequence in group.sequences],
+        table_lengths,
+        counts,
+    )
 
 
 def _reusable(request: GenerationRequest) -> int:
