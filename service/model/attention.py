@@ -79,7 +79,7 @@ def attend(
         return attended
     if positions.rules is not None:
         return attend_rows(
-            positions.rules, queries, keys, values, positions.attn_mask, positions.causal, layout
+            positions.rules, layer, queries, keys, values, positions.attn_mask, positions.causal, layout
         )
     return F.scaled_dot_product_attention(
         queries,

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from service.model.config import ModelConfig
+from service.model.rule_attention import TurnedKeys
 
 
 class RowCache(Protocol):
@@ -42,6 +43,8 @@ class RowCache(Protocol):
 
     @property
     def text_offsets(self) -> list[int]: ...
+
+    def turned_keys(self) -> list[TurnedKeys | None]: ...
 
     def reserve(self, new_tokens: int) -> None: ...
 
@@ -83,6 +86,10 @@ class KVCache:
     def text_offsets(self) -> list[int]:
         """Contiguous rows hold their whole text: every entry sits at its index."""
         return [0] * len(self.lengths)
+
+    def turned_keys(self) -> list[TurnedKeys | None]:
+        """None: a contiguous cache lives for one computation, its rule rows turn their windows."""
+        return [None] * len(self.lengths)
 
     @classmethod
     def empty(

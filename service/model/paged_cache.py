@@ -42,6 +42,7 @@ from torch import Tensor
 from service.model.config import ModelConfig
 from service.model.kernels.huge_pages import HugePageArena
 from service.model.kv_cache import KVCache
+from service.model.rule_attention import TurnedKeys
 
 BLOCK_SIZE = 16
 SCRATCH_BLOCK = 0  # what padded block tables name; 0, so that zero padding names it too
@@ -59,6 +60,7 @@ class PagedRow:
     # Tokens of its text whose blocks it gave back (`PagedKVCache.slide`): slots past its head
     # hold text index slot + dropped.
     dropped: int = 0
+    turned: TurnedKeys | None = None  # its keys turned for its attention rule, made on first use
 
 
 class PagedKVCache:
@@ -320,6 +322,13 @@ class PagedRows:
     def text_offsets(self) -> list[int]:
         """How far each row's next entries sit in its text past their slot (`PagedRow.dropped`)."""
         return [row.dropped for row in self.rows]
+
+    def turned_keys(self) -> list[TurnedKeys | None]:
+        """Each row's keys turned for its attention rule, kept with the row across its passes."""
+        for row in self.rows:
+            if row.turned is None:
+                row.turned = TurnedKeys()
+        return [row.turned for row in self.rows]
 
     def reserve(self, new_tokens: int) -> None:
         """Work out, once per pass, where the next `new_tokens` of every row go, and record their

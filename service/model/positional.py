@@ -31,7 +31,7 @@ from pe_runtime.absolute import interpolate_learned
 from service.model.attention_rules import AttentionRule
 from service.model.config import ModelConfig, Scheme
 from service.model.relative_attention import RelativeInputs, relative_inputs
-from service.model.rule_attention import RuleRow, rule_row_inputs
+from service.model.rule_attention import RuleRow, TurnedKeys, rule_row_inputs
 
 # Scalings each scheme can honour. RoPE takes every type; absolute schemes can only stretch their
 # positions linearly (position interpolation); relative biases have no frequencies to rescale.
@@ -247,6 +247,7 @@ class PositionalEncoding(nn.Module):
         key_positions: Tensor | None = None,
         rules: Sequence[AttentionRule | None] | None = None,
         text_offsets: Sequence[int] | None = None,
+        turned_keys: Sequence[TurnedKeys | None] | None = None,
     ) -> PositionalInputs:
         """Inputs for `query_length` new tokens per row after `past_lengths[i]` cached ones.
 
@@ -262,7 +263,8 @@ class PositionalEncoding(nn.Module):
         so it never reaches past a table (a learned one ends where the model's context does).
         `text_offsets[i]` is how far row i's new tokens sit in its text past their cache slot (a
         streaming row that gave back blocks, `PagedKVCache.slide`): positions are text indices,
-        slots only say which keys are the row's.
+        slots only say which keys are the row's. `turned_keys[i]` keeps row i's keys turned for its
+        rule across passes (`rule_attention.TurnedKeys`).
         """
         for scaling in set(scalings):
             self.check_scaling(scaling)
@@ -276,7 +278,7 @@ class PositionalEncoding(nn.Module):
                 past_lengths, scalings, lengths, real, row_rules, shifts, strict=True
             )
         ]
-        if len(set(rows)) == 1:
+        if len(set(rows)) == 1 and rules is None:  # a rule row keeps its own turned keys
             rows = rows[:1]
         key_length = max(row.past for row in rows) + query_length
         starts = torch.tensor([row.shift + row.past for row in rows], device=device)
@@ -306,12 +308,17 @@ class PositionalEncoding(nn.Module):
                 [_linear_factor(row.scaling) for row in rows],
                 key_length,
             ),
-            rules=self._rule_rows(rows, query_positions, key_positions, dtype),
+            rules=self._rule_rows(rows, query_positions, key_positions, dtype, turned_keys),
             query_scale=_query_scale(rows, query_positions, dtype),
         )
 
     def _rule_rows(
-        self, rows: list[_Row], query_positions: Tensor, key_positions: Tensor, dtype: torch.dtype
+        self,
+        rows: list[_Row],
+        query_positions: Tensor,
+        key_positions: Tensor,
+        dtype: torch.dtype,
+        turned_keys: Sequence[TurnedKeys | None] | None,
     ) -> tuple[RuleRow | None, ...] | None:
         """Each row's rule branches (`rule_attention`); None when every row attends as trained."""
         if all(row.rule is None or row.rule.type == "standard" for row in rows):
@@ -323,7 +330,7 @@ class PositionalEncoding(nn.Module):
             if row.rule is None or row.rule.type == "standard":
                 built.append(None)
                 continue
-            inv_freq = None
+            inv_freq, seq_len = None, None
             if config.has_rope:
                 seq_len = rope_seq_len_key(row.scaling, row.table_length)
                 inv_freq = rope_inv_freq(config.rotary_dim, config.rope_base, row.scaling, seq_len)[0]
@@ -337,6 +344,9 @@ class PositionalEncoding(nn.Module):
                     layout=config.rope_layout,
                     alibi_slopes=slopes,
                     dtype=dtype,
+                    past=row.past,
+                    store=turned_keys[index] if turned_keys is not None else None,
+                    owner=(row.rule, row.scaling, seq_len, dtype),
                 )
             )
         return tuple(built)

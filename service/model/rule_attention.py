@@ -15,6 +15,11 @@ Per row of a pass:
 - `rule_row_attention` runs one row's queries against its window: a score product per branch,
   each pair taking the score of the branch that selects it, one softmax.
 
+Every rule puts a key at a position that depends on the key alone (⌊j/G⌋, 0, j/k, j mod c), so
+a row keeps its keys turned there (`TurnedKeys`) and turns only each pass's new keys: a decode
+step then costs one score product per branch, not a turn of every cached key in every layer (which
+took 30 times a product's time at 8k keys).
+
 Rows without a rule run the pass's own attention (SDPA, one call for all of them).
 """
 
@@ -31,18 +36,76 @@ from torch import Tensor
 from pe_runtime import RopeLayout, alibi_bias, apply_rope, rope_cos_sin_at
 from service.model.attention_rules import AttentionRule
 
+Turn = tuple[Tensor, Tensor]  # unit cos, sin [N, rotary_dim]
+
 
 class BranchInputs(NamedTuple):
-    """One branch of one row: the turns of its queries and keys, its pairs, its bias."""
+    """One branch of one row: the turn of its queries, which turned keys it reads, its pairs, its
+    bias."""
 
-    query_turn: tuple[Tensor, Tensor] | None  # cos, sin [Tq, rotary_dim]; None: no turn
-    key_turn: tuple[Tensor, Tensor] | None  # cos, sin [Tk, rotary_dim]
+    query_turn: Turn | None  # [Tq, rotary_dim]; None: no turn
+    key_view: int | None  # index into `RuleRow.key_turns`; None: the keys as cached
     selected: Tensor  # [Tq, Tk] bool
     bias: Tensor | None  # [H, Tq, Tk] float32 (ALiBi at the branch's positions)
 
 
+class TurnedKeys:
+    """One row's cached keys turned to its rule's key positions, per layer and per distinct key
+    placement (DCA's three branches share one), kept across the row's passes.
+
+    Slots before `filled` hold turned keys; a pass turns its window from `min(filled, past)` on,
+    so a pass that failed (its row did not advance) is turned again. Turned keys depend on the rule
+    and on the row's frequencies (`owner`): a change of either (a dynamic table's next bucket)
+    turns everything again. The copy lives beside the pool, outside its bound: a row under a rule
+    that moves keys holds its keys twice."""
+
+    def __init__(self) -> None:
+        self.owner: object = None
+        self.filled = 0
+        self._buffers: dict[tuple[int, int], Tensor] = {}
+
+    def start(self, owner: object, past: int, window: int) -> int:
+        """The first slot this pass turns, for a row with `past` committed entries whose window
+        is `window` slots; the store then counts the window as filled."""
+        if owner != self.owner:
+            self.owner, self.filled = owner, 0
+            self._buffers.clear()
+        first = min(self.filled, past)
+        self.filled = window
+        return first
+
+    def window(
+        self, layer: int, view: int, keys: Tensor, turn: Turn, first: int, layout: RopeLayout
+    ) -> Tensor:
+        """Keys [Hkv, Tk, hd] turned: slots from `first` on by `turn` (their cos/sin), the others
+        as an earlier pass turned them."""
+        length = keys.shape[1]
+        buffer = self._buffers.get((layer, view))
+        if buffer is None or buffer.shape[1] < length:
+            grown = keys.new_empty(
+                (keys.shape[0], max(length, 2 * (0 if buffer is None else buffer.shape[1])), keys.shape[2])
+            )
+            if buffer is not None:
+                grown[:, :first] = buffer[:, :first]
+            buffer = self._buffers[(layer, view)] = grown
+        buffer[:, first:length] = apply_rope(keys[:, first:], *turn, layout=layout)
+        return buffer[:, :length]
+
+
 class RuleRow(NamedTuple):
     branches: tuple[BranchInputs, ...]
+    key_turns: tuple[Turn, ...]  # per distinct key placement, for slots `first` .. Tk
+    first: int
+    store: TurnedKeys | None
+
+    def keys(self, layer: int, view: int | None, keys: Tensor, layout: RopeLayout) -> Tensor:
+        """The window's keys [Hkv, Tk, hd] as branch `view` reads them."""
+        if view is None:
+            return keys
+        turn = self.key_turns[view]
+        if self.store is None:
+            return apply_rope(keys, *turn, layout=layout)
+        return self.store.window(layer, view, keys, turn, self.first, layout)
 
 
 def rule_row_inputs(
@@ -55,33 +118,51 @@ def rule_row_inputs(
     layout: RopeLayout,
     alibi_slopes: Tensor | None,
     dtype: torch.dtype,
+    past: int = 0,
+    store: TurnedKeys | None = None,
+    owner: object = None,
 ) -> RuleRow:
     """A row's branches for its queries at text indices `query_positions` [Tq] against the window's
     keys, whose recorded positions are `key_positions` [Tk]; only the first `written` slots hold
-    the row's entries (the others are padding or other rows' blocks, never seen)."""
+    the row's entries (the others are padding or other rows' blocks, never seen). With a `store`,
+    the keys of the first `past` slots were turned by earlier passes of this row under `owner`
+    (its rule and frequencies)."""
     queries = query_positions.to(torch.int64)
     keys = key_positions.to(torch.int64)
     slot_written = torch.arange(keys.shape[0], device=keys.device) < written
-    branches = []
+    branches: list[BranchInputs] = []
+    placements: list[Tensor] = []
+    first = store.start(owner, past, keys.shape[0]) if store is not None else 0
     for branch in rule.branches(queries.cpu(), keys.cpu()):
         query_at = branch.query_position.to(keys.device)
         key_at = branch.key_position.to(keys.device)
         bias = None
         if alibi_slopes is not None:
             bias = alibi_bias(alibi_slopes, query_at, key_at)  # [H, Tq, Tk]
+        view = None
+        if inv_freq is not None and bool((key_at != keys).any()):
+            view = next((at for at, seen in enumerate(placements) if torch.equal(seen, key_at)), None)
+            if view is None:
+                view = len(placements)
+                placements.append(key_at)
         branches.append(
             BranchInputs(
                 query_turn=_turn(query_at - queries.double(), inv_freq, layout, dtype),
-                key_turn=_turn(key_at - keys.double(), inv_freq, layout, dtype),
+                key_view=view,
                 selected=branch.selected.to(keys.device) & slot_written[None, :],
                 bias=bias,
             )
         )
-    return RuleRow(tuple(branches))
+    key_turns = tuple(
+        rope_cos_sin_at(inv_freq, (at - keys.double())[first:], layout=layout, dtype=dtype)
+        for at in placements
+        if inv_freq is not None
+    )
+    return RuleRow(tuple(branches), key_turns, first, store)
 
 
 def rule_row_attention(
-    row: RuleRow, queries: Tensor, keys: Tensor, values: Tensor, layout: RopeLayout
+    row: RuleRow, layer: int, queries: Tensor, keys: Tensor, values: Tensor, layout: RopeLayout
 ) -> Tensor:
     """One row: queries [H, Tq, hd] (rotated at their text indices, log-n applied) against the
     window's keys and values [Hkv, Tk, hd] -> attended [H, Tq, hd].
@@ -94,7 +175,7 @@ def rule_row_attention(
     scores = torch.full((heads, length, keys.shape[1]), -math.inf, device=queries.device)  # [H, Tq, Tk]
     for branch in row.branches:
         turned_queries = _turned(queries, branch.query_turn, layout)
-        turned_keys = _turned(keys, branch.key_turn, layout)
+        turned_keys = row.keys(layer, branch.key_view, keys, layout)
         grouped = turned_queries.reshape(kv_heads, -1, head_dim)  # [Hkv, G·Tq, hd]
         products = (grouped @ turned_keys.transpose(-1, -2)).view(heads, length, -1).float() * scale
         if branch.bias is not None:
@@ -107,6 +188,7 @@ def rule_row_attention(
 
 def attend_rows(
     rows: Sequence[RuleRow | None],
+    layer: int,
     queries: Tensor,
     keys: Tensor,
     values: Tensor,
@@ -116,8 +198,6 @@ def attend_rows(
 ) -> Tensor:
     """Queries [B, H, Tq, hd] against windows [B, Hkv, Tk, hd]: rows with a rule under it, the
     others through SDPA with the pass's mask -> attended [B, H, Tq, hd]."""
-    if len(rows) == 1 < queries.shape[0]:  # identical rows, folded into one by the pass
-        rows = list(rows) * queries.shape[0]
     attended = torch.empty_like(queries)
     plain = [index for index, row in enumerate(rows) if row is None]
     if plain:
@@ -135,7 +215,9 @@ def attend_rows(
         )
     for index, row in enumerate(rows):
         if row is not None:
-            attended[index] = rule_row_attention(row, queries[index], keys[index], values[index], layout)
+            attended[index] = rule_row_attention(
+                row, layer, queries[index], keys[index], values[index], layout
+            )
     return attended
 
 
