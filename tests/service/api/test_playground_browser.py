@@ -1,5 +1,7 @@
 """The playground page in a real headless Chromium (Debian's, driven by Playwright) against a live
-server on loopback, with an API key: the page's results must equal the SDK's for the same requests.
+server on loopback, with an API key: the page's results must equal the SDK's for the same requests,
+and each attention rule it sends (`pe_attention`) must give what a direct /generate or /score with
+that field gives.
 
 The whole page is one browser session: the key is entered once and survives reloads, and every
 test ends by asserting that the page logged no console error and no request failed. Set
@@ -10,6 +12,7 @@ to a temporary directory (taking them is still exercised).
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -41,6 +44,8 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
 ]
 ZOO_ROPE = next((path for path in bundled_zoo() if path.name == "zoo-rope"), None)
+# A second model whose scheme takes fewer rules (standard and streaming): the page offers only those.
+ZOO_ALIBI = next((path for path in bundled_zoo() if path.name == "zoo-alibi"), None)
 API_KEY = "playground-key"
 SCALINGS: dict[str, dict[str, Any]] = {
     "none": {"type": "none"},
@@ -69,6 +74,13 @@ SWEEP_SCALINGS: list[dict[str, Any]] = [
 SWEEP_PASSES = 4 + len(SWEEP_LENGTHS)
 SWEEP_THRESHOLD = 0.25
 CANCELLED_SCORES = 'endpoint="/score",protocol="http",status="499"'
+MAX_CONTEXT = 1024
+RULE_TYPES = ["standard", "self_extend", "rerope", "leaky_rerope", "dca", "streaming"]
+EDITOR_SCALINGS = ["none", "linear", "ntk", "dynamic", "yarn", "llama3"]
+# Rules crossed with scalings in the sweep: fields left out take the page's defaults (`rule_defaults`).
+RULE_SWEEP_GRID = "none\nlinear:factor=2"
+RULE_SWEEP_RULES = "standard\nstreaming:sink_tokens=4,window=64\nleaky_rerope:window=64,logn=128"
+RULE_SWEEP_LENGTHS = [128, 384]
 
 pytestmark = [
     pytest.mark.slow,
@@ -76,6 +88,7 @@ pytestmark = [
         not Path(CHROMIUM).exists(), reason="Debian's chromium is absent (.ci/run installs it)"
     ),
     pytest.mark.skipif(ZOO_ROPE is None, reason="no bundled models/zoo-rope checkpoint"),
+    pytest.mark.skipif(ZOO_ALIBI is None, reason="no bundled models/zoo-alibi checkpoint"),
 ]
 
 
@@ -102,20 +115,29 @@ class PageProblems:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LiveServer]:
-    assert ZOO_ROPE is not None
+    assert ZOO_ROPE is not None and ZOO_ALIBI is not None
     options: dict[str, OptionValue] = {
         "device": "cpu",
         "dtype": "float32",
-        "max_context": 1024,
+        "max_context": MAX_CONTEXT,
         "api_key": API_KEY,
     }
-    with live_server([ZOO_ROPE], options=options, env={"OMP_NUM_THREADS": "1"}) as running:
+    # zoo-rope first: the page's default model.
+    with live_server([ZOO_ROPE, ZOO_ALIBI], options=options, env={"OMP_NUM_THREADS": "1"}) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
 def sdk(server: LiveServer) -> Iterator[PEClient]:
     with PEClient(server.base_url, api_key=API_KEY, timeout=120.0) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def api(server: LiveServer) -> Iterator[httpx.Client]:
+    """Direct calls with the key, for the bodies the page sent."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with httpx.Client(base_url=server.base_url, headers=headers, timeout=120.0) as client:
         yield client
 
 
@@ -251,6 +273,30 @@ def test_inspector_draws_alibi_s_causal_bias(page: Page) -> None:
     page.select_option("#inspect-scaling", "yarn")
 
 
+def rule_defaults(native: int, max_context: int, window: int | None = None) -> dict[str, dict[str, int]]:
+    """The fields the page fills in for a rule left blank, from the model's context: positions kept
+    within the native context N (Leaky ReRoPE's leak for `window` when given, else for N/2)."""
+    half = native // 2
+    leaky_window = half if window is None else window
+    leak = max(2, math.ceil((max_context - leaky_window) / max(native - leaky_window, 1)))
+    return {
+        "standard": {},
+        "self_extend": {"group_size": 4, "window": native // 4},
+        "rerope": {"window": half},
+        "leaky_rerope": {"window": half, "leak": leak},
+        "dca": {"chunk_size": native * 3 // 4, "local_window": native // 16},
+        "streaming": {"sink_tokens": 4, "window": native - 4 - 1},
+    }
+
+
+def choose(page: Page, scalings: set[str], rules: set[str]) -> None:
+    """Tick exactly these scalings and attention rules in the settings."""
+    for name in EDITOR_SCALINGS:
+        page.set_checked(f"#use-{name}", name in scalings)
+    for name in RULE_TYPES:
+        page.set_checked(f"#use-attention-{name}", name in rules)
+
+
 def sweep_bits(logprobs: list[float | None], start: int, length: int) -> float | None:
     """Mean -log2 p of tokens start..length-1 (0-based), the SPEC's sweep figures; None if empty."""
     if length <= start:
@@ -261,12 +307,18 @@ def sweep_bits(logprobs: list[float | None], start: int, length: int) -> float |
 @dataclass
 class Traffic:
     """The requests a page sent and the responses it got while recording, in order: ("sent" or
-    "answered", url)."""
+    "answered", url); and the JSON body of each POST, in the order sent."""
 
     events: list[tuple[str, str]] = field(default_factory=list)
+    posts: list[tuple[str, Any]] = field(default_factory=list)
 
     def request(self, request: Request) -> None:
         self.events.append(("sent", request.url))
+        if request.method == "POST":
+            self.posts.append((request.url, request.post_data_json))
+
+    def bodies(self, url: str) -> list[Any]:
+        return [body for posted, body in self.posts if posted == url]
 
     def response(self, response: Response) -> None:
         self.events.append(("answered", response.url))
@@ -292,10 +344,11 @@ def traffic(page: Page) -> Iterator[Traffic]:
         page.remove_listener("response", seen.response)
 
 
-def start_sweep(page: Page, text: str, lengths: str, grid: str) -> None:
+def start_sweep(page: Page, text: str, lengths: str, grid: str, rules: str = "standard") -> None:
     page.fill("#sweep-text", text)
     page.fill("#sweep-lengths", lengths)
     page.fill("#sweep-grid", grid)
+    page.fill("#sweep-rules", rules)
     page.click("#sweep")
 
 
@@ -368,22 +421,246 @@ def test_sweep_cells_equal_score_alone_and_draw(
     page.locator("#sweep-section").screenshot(path=screenshots / "playground-sweep.png")
 
 
+def test_the_rules_offered_are_the_model_s_with_defaults_from_its_context(
+    page: Page, api: httpx.Client
+) -> None:
+    cards = {card["name"]: card for card in api.get("/models").json()["models"]}
+    assert cards["zoo-rope"]["supported_attention"] == RULE_TYPES
+    assert cards["zoo-alibi"]["supported_attention"] == ["standard", "streaming"]
+    offered = """() => [...document.querySelectorAll("#attention-rules .rule")]
+                   .filter((row) => row.checkVisibility()).map((row) => row.dataset.rule)"""
+    for name in ("zoo-alibi", "zoo-rope"):
+        card = cards[name]
+        page.select_option("#model", name)
+        assert page.evaluate(offered) == card["supported_attention"]
+        defaults = rule_defaults(card["native_context"], card["max_context"])
+        for rule in card["supported_attention"]:
+            for key, value in defaults[rule].items():
+                assert page.get_attribute(f"#attention-{rule}-{key}", "placeholder") == str(value)
+            assert page.get_attribute(f"#attention-{rule}-logn", "placeholder") == "off"
+        if name == "zoo-alibi":
+            assert page.is_disabled("#use-attention-dca") and not page.is_checked("#use-attention-dca")
+            # The sweep's rules are held to the same list before anything is sent.
+            with traffic(page) as seen:
+                start_sweep(page, "some text to score", "128", "none", "standard\ndca")
+                assert finish(page, "sweep-section") == "error"
+            assert seen.sent == []
+            message = page.text_content("#sweep-message") or ""
+            assert (
+                "Attention line 2: this model does not take dca attention (it takes standard, streaming)"
+                in message
+            )
+    # A leak left blank follows the window typed beside it.
+    page.fill("#attention-leaky_rerope-window", "64")
+    assert page.get_attribute("#attention-leaky_rerope-leak", "placeholder") == str(
+        rule_defaults(NATIVE, MAX_CONTEXT, window=64)["leaky_rerope"]["leak"]
+    )
+    page.fill("#attention-leaky_rerope-window", "")
+    choose(page, set(SCALINGS), {"standard"})  # zoo-alibi unticked the scalings it cannot run
+
+
+def test_compare_sets_rules_side_by_side_each_as_generate_gives_it(
+    page: Page, server: LiveServer, api: httpx.Client
+) -> None:
+    """Two columns that differ only in the rule: each sends its `pe_attention`, shows the text a
+    direct /generate of its body gives, and the rule the server echoes."""
+    choose(page, {"none"}, {"standard", "self_extend"})
+    page.fill("#attention-self_extend-group_size", "")  # the default: 4
+    page.fill("#attention-self_extend-window", "8")
+    page.fill("#prompt", PROMPT)
+    with traffic(page) as seen:
+        run_section(page, "#compare", "compare-section")
+    rules = [{"type": "standard"}, {"type": "self_extend", "group_size": 4, "window": 8}]
+    common = {
+        "model": "zoo-rope",
+        "prompt": PROMPT,
+        **SAMPLING,
+        "pe_scaling": {"type": "none"},
+        "stream": True,
+    }
+    sent = seen.bodies(server.url("/generate"))
+    assert sent == [{**common, "pe_attention": rule} for rule in rules]
+    texts = []
+    for body, title in zip(
+        sent, ["none + standard", "none + self_extend (group_size=4,window=8)"], strict=True
+    ):
+        column = page.locator(f"#column-none-{body['pe_attention']['type']}")
+        assert column.get_attribute("data-state") == "done"
+        direct = api.post("/generate", json={**body, "stream": False})
+        assert direct.status_code == 200, direct.text
+        expected = direct.json()
+        assert column.locator(".column-text").text_content() == expected["text"]
+        shown = column.locator("dd[data-term='attention']").text_content() or ""
+        assert json.loads(shown) == expected["pe"]["attention"] == body["pe_attention"]
+        assert column.locator("h3").text_content() == title
+        texts.append(expected["text"])
+    assert texts[0] != texts[1]  # the rule took effect: 43 tokens, most pairs past the window of 8
+
+
+def test_a_rule_the_server_refuses_shows_its_message_beside_the_field(
+    page: Page, server: LiveServer, api: httpx.Client, problems: PageProblems
+) -> None:
+    choose(page, {"none"}, {"dca"})
+    page.fill("#attention-dca-chunk_size", "32")
+    page.fill("#attention-dca-local_window", "32")
+    with traffic(page) as seen:
+        run_section(page, "#compare", "compare-section")  # the section ends; its one column failed
+    [body] = seen.bodies(server.url("/generate"))
+    assert body["pe_attention"] == {"type": "dca", "chunk_size": 32, "local_window": 32}
+    direct = api.post("/generate", json={**body, "stream": False})
+    assert direct.status_code == 422
+    error = direct.json()["error"]
+    assert error["param"] == "pe_attention.local_window"
+    expected = f"{error['message']} ({error['param']})"
+    assert page.locator("#column-none-dca").get_attribute("data-state") == "error"
+    assert page.text_content("#attention-dca-local_window-error") == expected
+    assert page.get_attribute("#attention-dca-local_window", "aria-invalid") == "true"
+    assert page.text_content("#attention-dca-chunk_size-error") == ""
+    # The surprisal panel reports the same refusal beside the same field.
+    page.fill("#document", "some text to score")
+    page.click("#score")
+    assert finish(page, "breaks-section") == "error"
+    assert page.text_content("#attention-dca-local_window-error") == expected
+    refused = [f"HTTP 422: POST {server.url(path)}" for path in ("/generate", "/score")]
+    logged = (
+        "console: Failed to load resource: the server responded with a status of 422 (Unprocessable Entity)"
+    )
+    assert sorted(problems.seen) == sorted([*refused, logged, logged])
+    problems.seen.clear()
+    # Mending the field clears its message.
+    page.fill("#attention-dca-local_window", "8")
+    assert page.text_content("#attention-dca-local_window-error") == ""
+    assert page.get_attribute("#attention-dca-local_window", "aria-invalid") is None
+
+
+def test_surprisal_crosses_scalings_with_rules_as_score_gives_them(
+    page: Page, server: LiveServer, api: httpx.Client
+) -> None:
+    text = (STATIC_DIR / "sample.txt").read_text()[:SCORED_CHARS]
+    choose(page, {"none", "linear"}, {"standard", "rerope"})
+    page.fill("#attention-rerope-window", "")  # the default: half the native 256
+    page.fill("#attention-rerope-logn", "256")
+    page.fill("#window", "1")
+    page.fill("#document", text)
+    with traffic(page) as seen:
+        run_section(page, "#score", "breaks-section")
+    rerope = {"type": "rerope", "window": NATIVE // 2, "logn": 256}
+    configurations = [(name, rule) for name in ("none", "linear") for rule in ({"type": "standard"}, rerope)]
+    sent = seen.bodies(server.url("/score"))
+    assert sent == [
+        {"model": "zoo-rope", "prompt": text, "pe_scaling": SCALINGS[name], "pe_attention": rule}
+        for name, rule in configurations
+    ]
+    series = page.evaluate(
+        """() => window.playground.chart("surprisal-chart").data.datasets
+             .filter((d) => d.scaling).map((d) => [d.label, d.attention, d.data.map((p) => p.y)])"""
+    )
+    listed = page.evaluate(
+        """() => [...document.querySelectorAll("#score-resolved li")].map((item) => [
+             JSON.parse(item.dataset.scaling), JSON.parse(item.dataset.attention), item.textContent])"""
+    )
+    labels = [
+        "none + standard",
+        "none + rerope (window=128,logn=256)",
+        "linear + standard",
+        "linear + rerope (window=128,logn=256)",
+    ]
+    assert [label for label, *_ in series] == labels
+    for body, (label, attention, values), (scaling, echoed, line) in zip(sent, series, listed, strict=True):
+        direct = api.post("/score", json=body)
+        assert direct.status_code == 200, direct.text
+        scored = direct.json()
+        assert attention == echoed == scored["pe"]["attention"] == body["pe_attention"]
+        assert scaling == scored["pe"]["scaling"]
+        assert line.startswith(f"{label}: scaling ")
+        assert values[0] is None
+        # Rows with a rule run beside the plain ones in the page's batch, alone here: ~1e-5 apart.
+        expected = [-logprob / math.log(2) for logprob in scored["token_logprobs"][1:]]
+        assert values[1:] == pytest.approx(expected, abs=1e-4)
+    assert series[0][2] != series[1][2]  # 701 tokens, past ReRoPE's window: the rule took effect
+    page.fill("#attention-rerope-logn", "")
+    choose(page, set(SCALINGS), {"standard"})
+
+
+def test_sweep_crosses_rules_with_scalings_each_cell_as_score_gives_it(
+    page: Page, server: LiveServer, api: httpx.Client, sdk: PEClient
+) -> None:
+    text = (STATIC_DIR / "sample.txt").read_text()[:SWEEP_TEXT_CHARS]
+    with traffic(page) as seen:
+        start_sweep(page, text, ", ".join(map(str, RULE_SWEEP_LENGTHS)), RULE_SWEEP_GRID, RULE_SWEEP_RULES)
+        assert finish(page, "sweep-section") == "done", page.text_content("#sweep-message")
+    leak = rule_defaults(NATIVE, MAX_CONTEXT, window=64)["leaky_rerope"]["leak"]
+    scalings: list[dict[str, Any]] = [{"type": "none"}, {"type": "linear", "factor": 2}]
+    rules: list[dict[str, Any]] = [
+        {"type": "standard"},
+        {"type": "streaming", "sink_tokens": 4, "window": 64},
+        {"type": "leaky_rerope", "window": 64, "leak": leak, "logn": 128},
+    ]
+    configurations = [(scaling, rule) for scaling in scalings for rule in rules]
+    # One /score per configuration at the longest length (the reference's 256 read from none + standard).
+    longest = RULE_SWEEP_LENGTHS[-1]
+    sent = seen.bodies(server.url("/score"))
+    assert [(body["pe_scaling"], body["pe_attention"]) for body in sent] == configurations
+    assert {len(body["tokens"]) for body in sent} == {longest}
+    rendered = page.evaluate(
+        """() => [...document.querySelectorAll("#sweep-table tbody tr")].map((row) => [
+             JSON.parse(row.dataset.scaling), JSON.parse(row.dataset.attention),
+             row.querySelector("th").textContent,
+             [...row.querySelectorAll("td[data-length]")].map((td) => [
+               Number(td.dataset.length), Number(td.dataset.bits)])])"""
+    )
+    assert [(scaling, attention) for scaling, attention, _, _ in rendered] == configurations
+    rule_labels = [
+        "standard",
+        "streaming (sink_tokens=4,window=64)",
+        f"leaky_rerope (window=64,leak={leak},logn=128)",
+    ]
+    assert [label for _, _, label, _ in rendered] == [
+        f"{scaling} + {rule}" for scaling in ("none", "linear x2") for rule in rule_labels
+    ]
+    tokens = sdk.score(prompt=text, model="zoo-rope").tokens
+    for scaling, attention, _, cells in rendered:
+        assert [length for length, _ in cells] == RULE_SWEEP_LENGTHS
+        for length, bits in cells:
+            body = {
+                "model": "zoo-rope",
+                "tokens": tokens[:length],
+                "pe_scaling": scaling,
+                "pe_attention": attention,
+            }
+            direct = api.post("/score", json=body)
+            assert direct.status_code == 200, direct.text
+            scored = direct.json()
+            assert scored["pe"]["attention"] == attention
+            assert bits == pytest.approx(sweep_bits(scored["token_logprobs"], 1, length), abs=1e-3)
+    curves = page.evaluate(
+        """() => window.playground.chart("sweep-curves").data.datasets
+             .filter((d) => d.scaling).map((d) => [d.label, d.attention])"""
+    )
+    assert curves == [[label, attention] for _, attention, label, _ in rendered]
+    cells = page.evaluate("""() => window.playground.chart("sweep-heatmap").data.datasets[0].data.length""")
+    assert cells == len(RULE_SWEEP_LENGTHS) * len(configurations)
+
+
 @pytest.mark.parametrize(
-    ("lengths", "grid", "message"),
+    ("lengths", "grid", "rules", "message"),
     [
-        ("128, 256", "none\nrope2:factor=2", 'unknown scaling type "rope2"'),
-        ("128, 256", "yarn:factor=2|0", "factor must be ≥ 1, got 0"),
-        ("128, 2048", "none", "Length 2048 is above the model's max_context (1024 tokens)"),
-        ("128, x", "none", 'Length "x" must be a whole number of tokens ≥ 2'),
-        ("128", "ntk", "ntk needs a factor"),
-        ("128", "yarn:factor=2,beta=3", '"beta" is not a parameter of yarn'),
+        ("128, 256", "none\nrope2:factor=2", "standard", 'unknown scaling type "rope2"'),
+        ("128, 256", "yarn:factor=2|0", "standard", "factor must be ≥ 1, got 0"),
+        ("128, 2048", "none", "standard", "Length 2048 is above the model's max_context (1024 tokens)"),
+        ("128, x", "none", "standard", 'Length "x" must be a whole number of tokens ≥ 2'),
+        ("128", "ntk", "standard", "ntk needs a factor"),
+        ("128", "yarn:factor=2,beta=3", "standard", '"beta" is not a parameter of yarn'),
+        ("128", "none", "standard\nlonglm", 'Attention line 2: unknown attention type "longlm"'),
+        ("128", "none", "self_extend:G=4", '"G" is not a parameter of self_extend attention'),
+        ("128", "none", "rerope:window=64|x", "window=x is not a number"),
     ],
 )
 def test_a_bad_sweep_grid_is_refused_before_any_request(
-    page: Page, lengths: str, grid: str, message: str
+    page: Page, lengths: str, grid: str, rules: str, message: str
 ) -> None:
     with traffic(page) as seen:
-        start_sweep(page, "some text to score", lengths, grid)
+        start_sweep(page, "some text to score", lengths, grid, rules)
         assert finish(page, "sweep-section") == "error"
     assert message in (page.text_content("#sweep-message") or "")
     assert seen.sent == []
@@ -398,16 +675,32 @@ def test_a_sweep_longer_than_its_text_is_refused_before_scoring(page: Page, serv
     assert "The text is 13 tokens long, shorter than the longest length asked (128)" in message
 
 
+@pytest.mark.parametrize(
+    ("grid", "rules", "message"),
+    [
+        (
+            "none\nllama3:factor=2,low_freq_factor=4,high_freq_factor=1",
+            "standard",
+            "high_freq_factor must be greater than low_freq_factor",
+        ),
+        (
+            "none",
+            "standard\ndca:chunk_size=64,local_window=64",
+            "none + dca (chunk_size=64,local_window=64): pe_attention.local_window: "
+            "local_window must be below chunk_size (64), got 64 (pe_attention.local_window)",
+        ),
+    ],
+)
 def test_a_cell_the_server_refuses_ends_the_sweep_with_its_message(
-    page: Page, server: LiveServer, problems: PageProblems
+    page: Page, server: LiveServer, problems: PageProblems, grid: str, rules: str, message: str
 ) -> None:
-    """The grid's syntax is right but the server's range check is not met (high <= low): its 422
-    message is shown, and the cells still in flight are aborted."""
+    """The grid's syntax is right but the server's range check is not met (llama3's high <= low, a
+    DCA window not below its chunk): its 422 message, led by the configuration, is shown, and the
+    cells still in flight are aborted."""
     text = (STATIC_DIR / "sample.txt").read_text()[:300]
-    start_sweep(page, text, "128, 256", "none\nllama3:factor=2,low_freq_factor=4,high_freq_factor=1")
+    start_sweep(page, text, "128, 256", grid, rules)
     assert finish(page, "sweep-section") == "error"
-    message = page.text_content("#sweep-message") or ""
-    assert "high_freq_factor must be greater than low_freq_factor" in message
+    assert message in (page.text_content("#sweep-message") or "")
     score = server.url("/score")
     refused = problems.seen.count(f"HTTP 422: POST {score}")
     aborted = problems.seen.count(f"request failed: POST {score} (net::ERR_ABORTED)")
@@ -449,6 +742,9 @@ def test_settings_and_key_survive_a_reload(page: Page) -> None:
     page.wait_for_selector("#model option[value='zoo-rope']", state="attached")
     assert page.input_value("#inspect-scaling") == "yarn"
     assert page.is_checked("#use-yarn") and not page.is_checked("#use-ntk")
+    assert page.is_checked("#use-attention-standard") and not page.is_checked("#use-attention-self_extend")
+    assert page.input_value("#attention-self_extend-window") == "8"  # typed in the rule comparison
+    assert page.input_value("#sweep-rules") == "standard"
     assert page.input_value("#sweep-lengths") == "256, 512, 768, 1024"  # the cancelled sweep's
     assert page.input_value("#sweep-grid").startswith("none\nlinear:factor=2|4|8\n")
     assert page.evaluate("() => sessionStorage.getItem('pe-serve-api-key')") == API_KEY

@@ -34,11 +34,13 @@ export function chart(canvasId) {
   return charts[canvasId];
 }
 
-// `series`: [{label, points: [{x, y}], colour, dashed?, scaling?}] on linear (or log) axes.
+// `series`: [{label, points: [{x, y}], colour, dashed?, scaling?, attention?}] on linear (or log)
+// axes; `scaling` and `attention` (the rule the server echoed) are kept on the dataset for scripts.
 export function lineChart(canvasId, series, { xTitle, yTitle, yLog = false, xLog = false }) {
   const datasets = series.map((line) => ({
     label: line.label,
     scaling: line.scaling,
+    attention: line.attention,
     data: line.points,
     borderColor: line.colour,
     backgroundColor: line.colour,
@@ -70,6 +72,15 @@ function diverging(value, low, high) {
   const rgb = from.map((start, i) => Math.round(start + (to[i] - start) * u));
   return `rgb(${rgb.join(",")})`;
 }
+
+// Up to this many heatmap rows, every row is labelled (a sweep's configurations); past it, Chart.js
+// skips labels that would overlap (an inspected table's positions).
+const LABELLED_ROWS = 32;
+
+// A tick at each row's centre (the linear scale's own ticks fall between rows once there are many).
+const rowTicks = (ys) => (axis) => {
+  axis.ticks = ys.map((_, index) => ({ value: index }));
+};
 
 // `rows[y][x]` as a heatmap (null: no cell); `xs` and `ys` label the columns and rows (after any striding).
 export function heatmap(canvasId, rows, { xs, ys, xTitle, yTitle, label }) {
@@ -111,7 +122,8 @@ export function heatmap(canvasId, rows, { xs, ys, xTitle, yTitle, label }) {
         x: { type: "linear", min: -0.5, max: xs.length - 0.5, offset: false, grid: { display: false },
           ticks: { callback: tick(xs) }, title: { display: true, text: xTitle } },
         y: { type: "linear", min: -0.5, max: ys.length - 0.5, offset: false, reverse: true, grid: { display: false },
-          ticks: { callback: tick(ys) }, title: { display: true, text: yTitle } },
+          afterBuildTicks: rowTicks(ys), ticks: { callback: tick(ys), autoSkip: ys.length > LABELLED_ROWS },
+          title: { display: true, text: yTitle } },
       },
     },
   }, `Heatmap of ${label} by ${yTitle} (rows) and ${xTitle} (columns), from ${low.toPrecision(3)} (blue) to ${high.toPrecision(3)} (red).`);

@@ -29,7 +29,8 @@ const GRID_FIELDS = {
 const NEED_FACTOR = new Set(["linear", "ntk", "dynamic", "llama3"]);
 const SHORT_KEYS = { original_max_position_embeddings: "orig" };
 
-function product(lists) {
+// Every combination of one item from each list, in order.
+export function product(lists) {
   return lists.reduce((combos, list) => combos.flatMap((combo) => list.map((item) => [...combo, item])), [[]]);
 }
 

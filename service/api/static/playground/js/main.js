@@ -1,12 +1,16 @@
-// Wires the page: the API key, the model list, the settings kept in the URL, and the four
-// sections' buttons. `window.playground` exposes the charts and each section's last result to
-// anyone scripting the page (the browser tests read it).
+// Wires the page: the API key, the model list, the settings kept in the URL, the scalings and
+// attention rules every section crosses, and the four sections' buttons. `window.playground`
+// exposes the charts and each section's last result to anyone scripting the page (the browser
+// tests read it).
 
 import { apiKey, getJSON, setApiKey } from "./api.js";
+import { buildRuleEditor, clearRuleErrors, offerSupported, showRuleError, tickedRules } from "./attention.js";
 import { chart } from "./charts.js";
 import { compare } from "./compare.js";
 import { parseLengths, parseScalings } from "./grid.js";
 import { inspect } from "./inspect.js";
+import { parseRules } from "./rulegrid.js";
+import { configurations } from "./rules.js";
 import { SCALING_TYPES, buildScalingEditor, limitToSupported, scalingBody, tickedScalings } from "./scalings.js";
 import { plotSurprisal } from "./surprisal.js";
 import { breakPoints, runSweep } from "./sweep.js";
@@ -36,6 +40,7 @@ function showModel() {
   const model = selectedModel();
   if (!model) return;
   limitToSupported(model.supported_scalings);
+  offerSupported(model);
   byId("model-info").textContent =
     `${modelKind(model)}, native context ${model.native_context}, max context ${model.max_context}, ${model.device} ${model.dtype}`;
 }
@@ -61,9 +66,20 @@ function numberOf(id) {
   return raw === "" ? undefined : Number(raw);
 }
 
-function requestsFor(input) {
+// One request per ticked scaling × ticked rule: [{configuration, request}].
+function runsFor(input) {
   const model = selectedModel();
-  return tickedScalings().map((type) => [type, { model: model.name, ...input, pe_scaling: scalingBody(type) }]);
+  return configurations(tickedScalings(), tickedRules(model), (type) => type).map((configuration) => ({
+    configuration,
+    request: {
+      model: model.name, ...input, pe_scaling: scalingBody(configuration.scaling), pe_attention: configuration.attention,
+    },
+  }));
+}
+
+// A refused rule's message goes beside the field the server named.
+function onRuleError(configuration, error) {
+  showRuleError(configuration.attention.type, error);
 }
 
 // Runs one section's action with its button disabled; marks the section done, cancelled (its
@@ -85,30 +101,33 @@ async function run(buttonId, sectionId, action) {
   }
 }
 
-function needScalings() {
-  if (!selectedModel()) throw new Error("No model: check the API key and reload.");
+function needConfigurations() {
+  const model = selectedModel();
+  if (!model) throw new Error("No model: check the API key and reload.");
   if (tickedScalings().length === 0) throw new Error("Tick at least one scaling.");
+  if (tickedRules(model).length === 0) throw new Error("Tick at least one attention rule.");
+  clearRuleErrors();
 }
 
 function onCompare() {
   return run("compare", "compare-section", async () => {
-    needScalings();
+    needConfigurations();
     const sampling = { max_new_tokens: numberOf("max-new-tokens"), temperature: numberOf("temperature") };
     const seed = numberOf("seed");
     if (seed !== undefined) sampling.seed = seed;
-    await compare(byId("columns"), requestsFor({ prompt: byId("prompt").value, ...sampling }));
+    await compare(byId("columns"), runsFor({ prompt: byId("prompt").value, ...sampling }), onRuleError);
     status("Generation finished.");
   });
 }
 
 function onScore() {
   return run("score", "breaks-section", async () => {
-    needScalings();
+    needConfigurations();
     const text = byId("document").value;
     if (!text) throw new Error("Paste a text to score, or load the sample.");
     const span = Math.max(1, numberOf("window") ?? 1);
-    const result = await plotSurprisal(requestsFor({ prompt: text }), selectedModel(), span);
-    status(`Scored ${result.numTokens} tokens under ${result.scores.length} scaling(s).`);
+    const result = await plotSurprisal(runsFor({ prompt: text }), selectedModel(), span, onRuleError);
+    status(`Scored ${result.numTokens} tokens under ${result.scores.length} configuration(s).`);
     return result;
   });
 }
@@ -128,10 +147,12 @@ function onSweep() {
       if (!model) throw new Error("No model: check the API key and reload.");
       const lengths = parseLengths(byId("sweep-lengths").value, model.max_context);
       const scalings = parseScalings(byId("sweep-grid").value, model.supported_scalings);
+      const rules = parseRules(byId("sweep-rules").value, model);
       const threshold = Math.max(0, numberOf("sweep-threshold") ?? 0);
       cancel.disabled = false;
       const sweep = await runSweep({
-        model, lengths, scalings, signal,
+        model, lengths, signal,
+        configurations: configurations(scalings, rules),
         text: byId("sweep-text").value,
         onCell: (done, total) => {
           Object.assign(byId("sweep-progress"), { value: done, max: total });
@@ -140,7 +161,7 @@ function onSweep() {
       });
       const points = breakPoints(sweep, threshold);
       drawSweep(sweep, points, threshold);
-      status(`Swept ${lengths.length} length(s) × ${scalings.length} scaling(s).`);
+      status(`Swept ${lengths.length} length(s) × ${scalings.length} scaling(s) × ${rules.length} attention rule(s).`);
       return { ...sweep, threshold, breaks: points };
     } catch (error) {
       if (error.name !== "AbortError") message.textContent = error.message;
@@ -178,6 +199,7 @@ async function loadSample(targetId) {
 function start() {
   window.playground = { chart, results: {} };
   buildScalingEditor(byId("scalings"));
+  buildRuleEditor(byId("attention-rules"));
   byId("inspect-scaling").replaceChildren(...SCALING_TYPES.map((type) => new Option(type, type)));
   restoreFromURL();
   watchControls();

@@ -1,8 +1,10 @@
-// Section 2: the text scored once per ticked scaling through /score; per-token surprisal in bits
-// against position (moving average), and mean surprisal of the first L tokens for L = 256, 512, ...
+// Section 2: the text scored once per configuration (a ticked scaling crossed with a ticked
+// attention rule) through /score; per-token surprisal in bits against position (moving average),
+// mean surprisal of the first L tokens for L = 256, 512, ..., and the `pe` block each /score echoed.
 
 import { postJSON } from "./api.js";
-import { colour, lineChart } from "./charts.js";
+import { colour, lineChart, seriesColour } from "./charts.js";
+import { resolvedLabel } from "./rules.js";
 
 const FIRST_SWEEP_LENGTH = 256;
 
@@ -49,18 +51,38 @@ function isByteLevel(text, tokens) {
   return tokens.length === bytes || tokens.length === bytes + 1;
 }
 
-// `requests`: [[scaling type, /score body]]; `model`: the chosen /models card.
-export async function plotSurprisal(requests, model, window) {
-  const scores = await Promise.all(requests.map(([, body]) => postJSON("/score", body)));
+// The resolved scaling and rule of each /score, listed under the plots.
+function listResolved(list, runs, scores) {
+  list.replaceChildren(...scores.map((score, index) => {
+    const item = document.createElement("li");
+    item.dataset.scaling = JSON.stringify(score.pe.scaling);
+    item.dataset.attention = JSON.stringify(score.pe.attention);
+    item.textContent = `${resolvedLabel(runs[index].configuration, score.pe.attention)}: scaling ` +
+      `${item.dataset.scaling}, attention ${item.dataset.attention}`;
+    return item;
+  }));
+}
+
+// `runs`: [{configuration, request}], each configuration's /score body; `model`: the chosen
+// /models card; `onError(configuration, error)` hears of a refused /score before the plot fails.
+export async function plotSurprisal(runs, model, window, onError = () => {}) {
+  const scores = await Promise.all(runs.map(({ configuration, request }) => postJSON("/score", request).catch((error) => {
+    onError(configuration, error);
+    throw error;
+  })));
   const series = scores.map((score, index) => {
-    const type = requests[index][0];
-    return { type, values: bits(score.token_logprobs), score };
+    const { configuration } = runs[index];
+    const type = configuration.scaling;
+    const label = resolvedLabel(configuration, score.pe.attention);
+    const shade = configuration.namesRule ? seriesColour(index) : colour(type, index);
+    return { type, label, shade, attention: score.pe.attention, values: bits(score.token_logprobs), score };
   });
   const numTokens = Math.max(...scores.map((score) => score.num_tokens));
-  const lines = series.map(({ type, values }, index) => ({
-    label: type,
+  const lines = series.map(({ type, label, shade, attention, values }) => ({
+    label,
     scaling: type,
-    colour: colour(type, index),
+    attention,
+    colour: shade,
     points: movingAverage(values, window).map((y, x) => ({ x, y })),
   }));
   const peak = Math.max(...lines.flatMap((line) => line.points.map((point) => point.y ?? 0)));
@@ -72,18 +94,20 @@ export async function plotSurprisal(requests, model, window) {
   });
   lineChart("surprisal-chart", lines, { xTitle: "position (tokens)", yTitle: "surprisal (bits)" });
 
-  const perByte = isByteLevel(requests[0][1].prompt, scores[0].tokens);
+  const perByte = isByteLevel(runs[0].request.prompt, scores[0].tokens);
   const unit = perByte ? "bits per byte" : "bits per token";
-  const sweep = series.map(({ type, values }, index) => ({
-    label: type,
+  const sweep = series.map(({ type, label, shade, attention, values }) => ({
+    label,
     scaling: type,
-    colour: colour(type, index),
+    attention,
+    colour: shade,
     points: sweepLengths(values.length, model.max_context).map((length) => ({ x: length, y: meanBits(values, length) })),
   }));
   lineChart("sweep-chart", sweep, { xTitle: "context length L (tokens)", yTitle: unit, xLog: true });
-  const dynamic = requests.some(([type]) => type === "dynamic")
+  const dynamic = runs.some(({ configuration }) => configuration.scaling === "dynamic")
     ? "; dynamic scaling ran with the table of the whole text's length" : "";
   document.getElementById("sweep-caption").textContent =
     `Mean surprisal (${unit}) of the first L tokens, from the same scores${dynamic}.`;
+  listResolved(document.getElementById("score-resolved"), runs, scores);
   return { numTokens, scores };
 }

@@ -1,8 +1,11 @@
 // Section 3 drawn: a table of the cells (bits per token, and past the native context), curves of
-// bits per token against length (one per scaling), a heatmap of the same, and where each breaks.
+// bits per token against length (one per configuration), a heatmap of the same, and where each
+// breaks. Configurations are labelled with their scaling and, when rules are swept, the rule the
+// server echoed for them.
 
 import { colour, heatmap, lineChart, seriesColour } from "./charts.js";
 import { scalingLabel } from "./grid.js";
+import { isStandard, resolvedLabel } from "./rules.js";
 
 const GUIDE = "#888";
 
@@ -15,29 +18,37 @@ function element(tag, text = "", attributes = {}) {
 
 const format = (bits) => (bits === null ? "–" : bits.toFixed(3));
 
-function cellFor(sweep, scaling, length) {
-  return sweep.cells.find((cell) => cell.scaling === scaling && cell.length === length);
+function cellFor(sweep, configuration, length) {
+  return sweep.cells.find((cell) => cell.configuration === configuration && cell.length === length);
 }
+
+// Each configuration's label, its rule as the server echoed it.
+const labels = (sweep) => sweep.configurations.map((configuration, index) => resolvedLabel(configuration, sweep.echoes[index]));
 
 function breakText(point, sweep) {
   if (point.judged === 0) return `not judged (no length ≥ ${sweep.reference.length})`;
   return point.breaks_at === null ? "holds at every length judged" : `breaks at ${point.breaks_at}`;
 }
 
-// One row per scaling, one column per length; each cell keeps its exact figures in data-* attributes.
+// One row per configuration, one column per length; the row keeps the scaling sent and the rule the
+// server echoed, each cell its exact figures, in data-* attributes.
 function drawTable(table, sweep, points) {
+  const names = labels(sweep);
   const head = element("tr");
-  head.append(element("th", "scaling", { scope: "col" }));
+  head.append(element("th", sweep.configurations.some((c) => c.namesRule) ? "scaling + attention" : "scaling", { scope: "col" }));
   for (const length of sweep.lengths) {
     const past = length > sweep.native ? " (past native)" : "";
     head.append(element("th", `L = ${length}${past}`, { scope: "col" }));
   }
   head.append(element("th", "where it breaks", { scope: "col" }));
-  const rows = sweep.scalings.map((scaling, index) => {
-    const row = element("tr", "", { "data-scaling": JSON.stringify(scaling) });
-    row.append(element("th", scalingLabel(scaling), { scope: "row" }));
+  const rows = sweep.configurations.map((configuration, index) => {
+    const row = element("tr", "", {
+      "data-scaling": JSON.stringify(configuration.scaling),
+      "data-attention": JSON.stringify(sweep.echoes[index]),
+    });
+    row.append(element("th", names[index], { scope: "row" }));
     for (const length of sweep.lengths) {
-      const cell = cellFor(sweep, scaling, length);
+      const cell = cellFor(sweep, configuration, length);
       const td = element("td", format(cell.bits_per_token), {
         "data-length": String(length),
         "data-bits": String(cell.bits_per_token),
@@ -55,14 +66,17 @@ function drawTable(table, sweep, points) {
   table.tBodies[0].append(...rows);
 }
 
-// A curve per scaling, the reference as a lone point, and dashed guides: the limit and the native context.
+// A curve per configuration, the reference as a lone point, and dashed guides: the limit and the
+// native context.
 function drawCurves(sweep, limit) {
   const { reference } = sweep;
-  const series = sweep.scalings.map((scaling, index) => ({
-    label: scalingLabel(scaling),
-    scaling: scalingLabel(scaling),
-    colour: scaling.type === "none" ? colour("none") : seriesColour(index),
-    points: sweep.lengths.map((length) => ({ x: length, y: cellFor(sweep, scaling, length).bits_per_token })),
+  const names = labels(sweep);
+  const series = sweep.configurations.map((configuration, index) => ({
+    label: names[index],
+    scaling: scalingLabel(configuration.scaling),
+    attention: sweep.echoes[index],
+    colour: configuration.scaling.type === "none" && isStandard(configuration.attention) ? colour("none") : seriesColour(index),
+    points: sweep.lengths.map((length) => ({ x: length, y: cellFor(sweep, configuration, length).bits_per_token })),
   }));
   series.push({
     label: `reference (none, ${reference.length})`, colour: colour("none"),
@@ -85,10 +99,10 @@ function drawCurves(sweep, limit) {
 }
 
 function drawHeatmap(sweep) {
-  const rows = sweep.scalings.map((scaling) => sweep.lengths.map((length) => cellFor(sweep, scaling, length).bits_per_token));
-  heatmap("sweep-heatmap", rows, {
-    xs: sweep.lengths, ys: sweep.scalings.map(scalingLabel), xTitle: "length L", yTitle: "scaling", label: "bits per token",
-  });
+  const rows = sweep.configurations.map(
+    (configuration) => sweep.lengths.map((length) => cellFor(sweep, configuration, length).bits_per_token));
+  const yTitle = sweep.configurations.some((c) => c.namesRule) ? "scaling + attention" : "scaling";
+  heatmap("sweep-heatmap", rows, { xs: sweep.lengths, ys: labels(sweep), xTitle: "length L", yTitle, label: "bits per token" });
 }
 
 export function drawSweep(sweep, points, threshold) {
@@ -97,6 +111,6 @@ export function drawSweep(sweep, points, threshold) {
   drawCurves(sweep, limit);
   drawHeatmap(sweep);
   document.getElementById("sweep-reference").textContent =
-    `Reference: no scaling over the first ${sweep.reference.length} tokens, ${format(sweep.reference.bits_per_token)} ` +
+    `Reference: no scaling, standard attention, over the first ${sweep.reference.length} tokens, ${format(sweep.reference.bits_per_token)} ` +
     `bits per token; with the threshold of ${threshold} the limit is ${limit.toFixed(3)}.`;
 }
