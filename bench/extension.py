@@ -10,9 +10,11 @@ and `pe_client.async_passkey`:
   ntk x2, dynamic x2, yarn x2 and llama3 x2; passkey at the same lengths, three depths, for none,
   yarn and dynamic.
 
-Each part also times the batching gain: the same cells sent all at once (the sweep) against one
-after another, in the same run; the one-at-a-time cells are each a `/score` sent alone, so their
-largest difference from the sweep's cells is reported too.
+Each part also times the batching gain: every cell of a grid as its own `/score` of its first L
+tokens, all sent at once against one after another, in the same run; the one-at-a-time cells are
+each a `/score` sent alone, so the largest difference between a batched cell and the same cell
+alone is reported too. (The sweep itself sends one pass per configuration, not one per cell; what
+that saves is `bench/sweep_passes.py`'s figure.)
 
     python -m bench.extension --part zoo
     nice -n 19 python -m bench.extension --part smollm2
@@ -49,9 +51,11 @@ from pe_client import (
     async_sweep,
 )
 from pe_client.corpora import corpus_text
-from pe_client.grid import ScalingSpec, label
+from pe_client.grid import ScalingSpec, label, parse_specs
 from pe_client.lab_output import plot_passkey, plot_sweep
-from pe_client.scaling import parse_scaling
+from pe_client.scaling import PEScaling, parse_scaling
+from pe_client.sweep import bits_per_token, leading_tokens
+from pe_client.types import ScoreRequest
 
 from tests.live_server import OptionValue, live_server
 
@@ -108,23 +112,36 @@ def zoo_scalings(card_scalings: Sequence[str], head_dim: int) -> list[ScalingSpe
 async def batching_gain(
     client: AsyncPEClient, text: str, lengths: Sequence[int], scalings: Sequence[ScalingSpec], model: str
 ) -> dict[str, Any]:
-    """The same cells all at once and one after another, in that order; their wall times and the
-    largest difference between a batched cell and the same cell scored alone."""
-    together = await async_sweep(client, text=text, lengths=lengths, scalings=scalings, model=model)
-    alone = await async_sweep(
-        client, text=text, lengths=lengths, scalings=scalings, model=model, concurrency=1
-    )
-    differences = [
-        abs(a.bits_per_token - b.bits_per_token) for a, b in zip(together.cells, alone.cells, strict=True)
-    ]
+    """Every (scaling, length) cell as its own `/score` of the text's first L tokens: all sent at
+    once, then one after another, each sent alone once the previous one is answered. Their wall
+    times, and the largest difference between a batched cell and the same cell scored alone.
+
+    Not `async_sweep(..., concurrency=1)`: a sweep scores each scaling once at its longest length
+    and reads the shorter cells from that pass's prefix, so its one-at-a-time run would send
+    passes, not cells, and its cells would not be `/score`s of their own tokens.
+    """
+    tokens = await leading_tokens(client, text, max(lengths), model)
+    cells = [(scaling, length) for scaling in parse_specs(scalings) for length in sorted(set(lengths))]
+
+    async def score(scaling: PEScaling, length: int) -> float:
+        request = ScoreRequest(tokens=tokens[:length], model=model, pe_scaling=scaling)
+        logprobs = (await client.score(request)).token_logprobs[1:]
+        return bits_per_token([logprob for logprob in logprobs if logprob is not None])
+
+    started = time.perf_counter()
+    together = await asyncio.gather(*(score(scaling, length) for scaling, length in cells))
+    together_s = time.perf_counter() - started
+    started = time.perf_counter()
+    alone = [await score(scaling, length) for scaling, length in cells]
+    one_after_another_s = time.perf_counter() - started
     return {
         "model": model,
-        "cells": len(together.cells),
+        "cells": len(cells),
         "lengths": list(lengths),
-        "together_s": together.wall_s,
-        "one_after_another_s": alone.wall_s,
-        "gain": alone.wall_s / together.wall_s,
-        "max_abs_diff_bits": max(differences),
+        "together_s": together_s,
+        "one_after_another_s": one_after_another_s,
+        "gain": one_after_another_s / together_s,
+        "max_abs_diff_bits": max(abs(a - b) for a, b in zip(together, alone, strict=True)),
     }
 
 
@@ -457,10 +474,10 @@ def _part_lines(part: dict[str, Any]) -> list[str]:
 
 def _gain_lines(gain: dict[str, Any]) -> list[str]:
     return [
-        f"Batching gain ({gain['model']}, {gain['cells']} cells at lengths {gain['lengths']}): all at once"
-        f" {gain['together_s']:.1f} s, one after another {gain['one_after_another_s']:.1f} s:"
-        f" **{gain['gain']:.2f}x**. Largest difference between a batched cell and the same cell"
-        f" scored alone: {gain['max_abs_diff_bits']:.2e} bits/token.",
+        f"Batching gain ({gain['model']}, {gain['cells']} cells at lengths {gain['lengths']}, each its own"
+        f" `/score`): all at once {gain['together_s']:.1f} s, one after another"
+        f" {gain['one_after_another_s']:.1f} s: **{gain['gain']:.2f}x**. Largest difference between a"
+        f" batched cell and the same cell scored alone: {gain['max_abs_diff_bits']:.2e} bits/token.",
         "",
     ]
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import httpx
 from pe_client import AsyncPEClient, async_sweep
 from pe_client.corpora import corpus_text
-from pe_client.grid import label, parse_specs
+from pe_client.grid import configurations, label, parse_specs
 from pe_client.scaling import PEScaling
 from pe_client.sweep import leading_tokens, score_passes
 from pe_client.types import ScoreRequest
@@ -131,12 +131,12 @@ def report(figures: dict[str, object], command: str, repeats: int) -> str:
     load = figures["load"]
     assert isinstance(walls, dict) and isinstance(medians, dict) and isinstance(load, tuple)
     grid = parse_specs(SCALINGS)
-    passes = len(score_passes(grid, sorted(LENGTHS)))
+    passes = len(score_passes(configurations(SCALINGS, None), sorted(LENGTHS)))
     requests = {"one pass": passes, "one after another": len(grid) * len(LENGTHS)}
     requests["every cell at once"] = requests["one after another"]
     # The work each side asks of the model: tokens through the layers, and causal attention pairs.
     cells = [length for _ in grid for length in LENGTHS]
-    passed = [length for _, length, _ in score_passes(grid, sorted(LENGTHS))]
+    passed = [length for _, length, _ in score_passes(configurations(SCALINGS, None), sorted(LENGTHS))]
     tokens_ratio = sum(cells) / sum(passed)
     pairs_ratio = sum(n * (n + 1) // 2 for n in cells) / sum(n * (n + 1) // 2 for n in passed)
     lines = [

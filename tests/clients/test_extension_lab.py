@@ -3,9 +3,11 @@
 context 256).
 
 What the server saw is read from its own `/metrics`: which requests arrived, and which were cut
-off by the client (status 499, the request cancelled in the engine). A sweep scores each scaling
-once at its longest length and reads the shorter cells from that pass's prefix, except dynamic NTK
-and LongRoPE (one pass per length): every cell must still equal `/score` of its first L tokens.
+off by the client (status 499, the request cancelled in the engine). A sweep scores each
+configuration (scaling, attention rule) once at its longest length and reads the shorter cells from
+that pass's prefix, except dynamic NTK and LongRoPE (one pass per length): every cell must still
+equal `/score` of its first L tokens. The server has an `--alias` (`ALIAS`), which the lab takes as
+a model name, like `NAME@SPEC`.
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ from pathlib import Path
 import httpx
 import pytest
 from pe_client import AsyncPEClient, PEClient, async_sweep, passkey, ruler, sweep
+from pe_client.attention import SelfExtendAttention
 from pe_client.cli import main
 from pe_client.grid import GridError
+from pe_client.lab_output import sweep_table
 from pe_client.passkey import wilson_interval
 from pe_client.ruler_tasks import TASKS, string_match_all
-from pe_client.scaling import LongRopeScaling
+from pe_client.scaling import LongRopeScaling, YarnScaling
 from pe_client.sweep import SweepCell, SweepResult
+from pe_client.types import ScoreRequest
 
 from tests.live_server import LiveServer, OptionValue, live_server
 
@@ -39,6 +44,10 @@ TOLERANCE_BITS = 1e-4
 PREFIX_TOLERANCE_BITS = 1e-3
 HEAD_DIM = 32  # zoo-rope: d_model 192 over 6 heads; a LongRoPE list has one factor per pair
 LONGROPE = LongRopeScaling(short_factor=[1.0] * (HEAD_DIM // 2), long_factor=[4.0] * (HEAD_DIM // 2))
+ALIAS = "zoo-long"
+ALIAS_TARGET = "zoo-rope@yarn:factor=4,original_max_position_embeddings=256"
+ALIAS_SCALING = YarnScaling(factor=4, original_max_position_embeddings=256)
+RULES = ["self_extend:group_size=4,window=64", "dca:chunk_size=128,local_window=32"]
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +57,7 @@ def zoo_server() -> Iterator[LiveServer]:
         "dtype": "float32",
         "max_context": MAX_CONTEXT,
         "grpc_port": 0,
+        "alias": [f"{ALIAS}={ALIAS_TARGET}"],
     }
     with live_server(
         [ZOO / "zoo-rope", ZOO / "zoo-alibi"], options=options, env={"OMP_NUM_THREADS": "1"}
@@ -77,10 +87,13 @@ def count(seen: dict[tuple[str, str], float], endpoint: str, status: str | None 
 
 
 def bits_alone(client: PEClient, tokens: list[int], cell: SweepCell) -> tuple[float, float | None]:
-    """The cell's two figures from one `/score` of the same tokens and scaling, sent by itself."""
-    logprobs = [
-        lp for lp in client.score(tokens=tokens[: cell.length], pe_scaling=cell.scaling).token_logprobs[1:]
-    ]
+    """The cell's two figures from one `/score` of the same tokens, scaling and attention rule (the
+    resident model's own name, the fields in the body), sent by itself."""
+    request = ScoreRequest(
+        tokens=tokens[: cell.length], model="zoo-rope", pe_scaling=cell.scaling, pe_attention=cell.attention
+    )
+    response = client.score(request)
+    logprobs = list(response.token_logprobs[1:])
     assert all(lp is not None for lp in logprobs)
     values = [float(lp) for lp in logprobs if lp is not None]
     whole = -math.fsum(values) / len(values) / math.log(2)
@@ -94,7 +107,7 @@ def scores_sent(server: LiveServer, before: dict[tuple[str, str], float]) -> flo
 
 
 def assert_cells_equal_score_alone(client: PEClient, result: SweepResult) -> None:
-    """Every cell equals one `/score` of the text's first L tokens under its scaling, sent alone."""
+    """Every cell equals one `/score` of the text's first L tokens under its configuration, sent alone."""
     tokens = client.tokenize(TEXT[:4000])
     for cell in result.cells:
         whole, past = bits_alone(client, tokens, cell)
@@ -165,6 +178,120 @@ def test_async_sweep_one_at_a_time_equals_all_at_once(zoo: PEClient, zoo_server:
         assert abs(alone.bits_per_token - batched.bits_per_token) < TOLERANCE_BITS
 
 
+def test_sweep_crosses_attention_rules_with_scalings_one_pass_each(
+    zoo: PEClient, zoo_server: LiveServer
+) -> None:
+    """Two rules x two scalings: four configurations, each one `/score` at the longest length (a
+    rule places a pair by its two indices alone, so a prefix of the long pass is the short pass),
+    every cell equal to `/score` of its own tokens with the same `pe_scaling` and `pe_attention`."""
+    lengths = [128, 300, 400]
+    before = requests_seen(zoo_server)
+    result = sweep(zoo, text=TEXT, lengths=lengths, scalings=["none", "yarn:factor=2"], attentions=RULES)
+    assert scores_sent(zoo_server, before) == 4
+    assert [
+        (cell.scaling.type, cell.attention and cell.attention.type, cell.length) for cell in result.cells
+    ] == [
+        (scaling, rule, length)
+        for scaling in ("none", "yarn")
+        for rule in ("self_extend", "dca")
+        for length in lengths
+    ]
+    assert_cells_equal_score_alone(zoo, result)
+    # The rule is applied: at 400 tokens (past the native 256) the four configurations part ways.
+    assert len({cell.bits_per_token for cell in result.cells if cell.length == 400}) == 4
+    assert json.loads(result.model_dump_json())["cells"][0]["attention"] == {
+        "type": "self_extend",
+        "group_size": 4,
+        "window": 64,
+    }
+
+
+def test_a_model_name_with_specs_or_an_alias_is_the_grid_s_configuration(
+    zoo: PEClient, zoo_server: LiveServer
+) -> None:
+    """`--alias zoo-long=zoo-rope@yarn:...` (listed by /v1/models) and `zoo-rope@yarn:...` both set
+    the scaling; the grid's rules cross it. The requests carry the name as given, the cells the
+    configuration the name stands for, and each equals `/score` of the resident model with the
+    same fields in the body."""
+    before = requests_seen(zoo_server)
+    by_alias = sweep(zoo, text=TEXT, lengths=[128, 400], model=ALIAS, attentions=[RULES[0]])
+    by_name = sweep(zoo, text=TEXT, lengths=[128, 400], model=f"{ALIAS_TARGET}@{RULES[0]}")
+    assert scores_sent(zoo_server, before) == 2  # one pass each
+    assert by_alias.model == ALIAS and by_name.model == f"{ALIAS_TARGET}@{RULES[0]}"
+    for result in (by_alias, by_name):
+        assert [(cell.scaling, cell.attention, cell.length) for cell in result.cells] == [
+            (ALIAS_SCALING, SelfExtendAttention(group_size=4, window=64), length) for length in (128, 400)
+        ]
+        assert_cells_equal_score_alone(zoo, result)
+    for alias_cell, name_cell in zip(by_alias.cells, by_name.cells, strict=True):
+        assert abs(alias_cell.bits_per_token - name_cell.bits_per_token) < TOLERANCE_BITS
+
+
+def test_cli_passkey_and_ruler_take_an_alias_and_a_name_with_a_rule(
+    zoo_server: LiveServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = requests_seen(zoo_server)
+    common = ["--url", zoo_server.base_url]
+    passkey_args = ["passkey", "--model", ALIAS, "--lengths", "384", "--depths", "0.5", "--json"]
+    assert main([*common, *passkey_args, "--attention", "rerope:window=64"]) == 0
+    (cell,) = json.loads(capsys.readouterr().out)["cells"]
+    assert cell["scaling"] == ALIAS_SCALING.model_dump(mode="json", exclude_none=True)
+    assert cell["attention"] == {"type": "rerope", "window": 64}
+    ruler_args = ["ruler", "--model", f"zoo-rope@{RULES[0]}", "--tasks", "vt", "--lengths", "600"]
+    assert main([*common, *ruler_args, "--samples", "1", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["model"] == f"zoo-rope@{RULES[0]}"
+    assert [(cell["scaling"], cell["attention"]) for cell in printed["cells"]] == [
+        ({"type": "none"}, {"type": "self_extend", "group_size": 4, "window": 64})
+    ]
+    generated = count(requests_seen(zoo_server), "/generate", "200") - count(before, "/generate", "200")
+    assert generated == 2
+
+
+@pytest.mark.parametrize(
+    ("command", "grid", "message"),
+    [
+        ("sweep", ["--model", "zoo-rope@yarn:factor=2", "--scaling", "none"], "sets the scaling (yarn x2)"),
+        ("passkey", ["--model", "zoo-rope@ntk:factor=2", "--scaling", "none"], "sets the scaling (ntk x2)"),
+        ("ruler", ["--model", "zoo-rope@none", "--scaling", "linear:factor=2"], "sets the scaling (none)"),
+        ("sweep", ["--model", ALIAS, "--scaling", "none"], "sets the scaling (yarn x4 (orig=256))"),
+        ("ruler", ["--model", ALIAS, "--scaling", "none"], f"the model name {ALIAS!r} sets the scaling"),
+        (
+            "sweep",
+            ["--model", f"zoo-rope@{RULES[1]}", "--scaling", "none", "--attention", RULES[0]],
+            "sets the attention rule (dca (chunk_size=128,local_window=32))",
+        ),
+        ("passkey", ["--model", f"{ALIAS}@{RULES[0]}", "--attention", RULES[1]], "sets the attention rule"),
+        ("sweep", ["--model", f"{ALIAS}@yarn:factor=2"], "two scaling SPECs"),
+        ("sweep", ["--model", "zoo-rope@yarn:factor=2|4"], "a model name takes one"),
+        ("sweep", ["--model", "zoo-rope@sliding:window=8"], "is no SPEC"),
+        ("sweep", ["--model", "zoo-nope@none"], "no model 'zoo-nope@none'"),
+        ("sweep", ["--model", "zoo-rope"], "no scaling given"),
+        ("sweep", ["--scaling", "none", "--attention", "self_extend:group_size=4"], "window"),
+        ("sweep", ["--scaling", "none", "--attention", "dca:chunk_size=64,local_window=64"], "local_window"),
+        ("sweep", ["--scaling", "none", "--attention", "sliding:window=8"], "unknown attention type"),
+        (
+            "sweep",
+            ["--model", "zoo-alibi", "--scaling", "none", "--attention", RULES[0]],
+            "does not apply self_extend attention",
+        ),
+    ],
+)
+def test_conflicting_or_bad_configurations_fail_before_any_request(
+    zoo_server: LiveServer, command: str, grid: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model name that sets the scaling (or rule) beside --scaling (or --attention), a bad name
+    or a bad rule: exit 1 with the reason, and nothing tokenized, scored or generated."""
+    before = requests_seen(zoo_server)
+    text = ["--corpus", "pydoc-topics"] if command == "sweep" else []
+    assert main(["--url", zoo_server.base_url, command, *text, "--lengths", "300", *grid]) == 1
+    _, err = capsys.readouterr()
+    assert message in err, err
+    after = requests_seen(zoo_server)
+    for endpoint in ("/score", "/tokenize", "/generate", "/tokenizer_info"):
+        assert count(after, endpoint) == count(before, endpoint), endpoint
+
+
 def test_cli_sweep_prints_json_table_and_plots(
     zoo_server: LiveServer,
     tmp_path: Path,
@@ -183,7 +310,8 @@ def test_cli_sweep_prints_json_table_and_plots(
     assert set(printed) == {"model", "cells", "wall_s"}
     assert len(printed["cells"]) == 6
     assert all(
-        set(cell) == {"length", "scaling", "tokens", "bits_per_token", "tail_bits_per_token"}
+        set(cell) == {"length", "scaling", "attention", "tokens", "bits_per_token", "tail_bits_per_token"}
+        and cell["attention"] is None  # no --attention: no pe_attention sent
         for cell in printed["cells"]
     )
     assert printed["cells"][2]["scaling"] == {
@@ -202,6 +330,21 @@ def test_cli_sweep_prints_json_table_and_plots(
     table = capsys.readouterr().out
     assert "yarn x2 (orig=256)" in table and "past 256" in table
     assert plot.read_bytes().startswith(b"\x89PNG")
+
+    before = requests_seen(zoo_server)
+    crossed = [*common, "--scaling", "none", "--scaling", "linear:factor=2", "--attention", RULES[0]]
+    assert main([*crossed, "--attention", "rerope:window=64", "--json"]) == 0
+    assert scores_sent(zoo_server, before) == 4  # one pass per (scaling, rule)
+    printed = json.loads(capsys.readouterr().out)
+    assert [(cell["scaling"]["type"], cell["attention"]) for cell in printed["cells"][::2]] == [
+        (scaling, rule)
+        for scaling in ("none", "linear")
+        for rule in ({"type": "self_extend", "group_size": 4, "window": 64}, {"type": "rerope", "window": 64})
+    ]
+    assert main([*crossed, "--plot", str(tmp_path / "crossed.svg")]) == 0
+    table = capsys.readouterr().out
+    for name in ("none + self_extend (group_size=4,window=64)", "linear x2 + self_extend"):
+        assert name in table and name in (tmp_path / "crossed.svg").read_text()
 
 
 def svg_panels(path: Path) -> int:
@@ -226,6 +369,36 @@ def test_a_sweep_within_the_native_context_plots_no_empty_panel(
     assert [cell["tail_bits_per_token"] for cell in printed["cells"]] == [None] * 4
     assert svg_panels(plot) == 1
     assert "whole prefix" in plot.read_text() and "past native" not in plot.read_text()
+
+
+def test_sweep_table_shows_only_what_has_data() -> None:
+    """Within the native context there is no tail: no all-dash second table. Past it, the tail
+    table has the lengths that pass it, and rows name the scaling and the rule."""
+
+    def cell(length: int, attention: SelfExtendAttention | None = None) -> SweepCell:
+        tail = 2.5 if length > NATIVE else None
+        return SweepCell(
+            length=length,
+            scaling=ALIAS_SCALING,
+            attention=attention,
+            tokens=length,
+            bits_per_token=2.0,
+            tail_bits_per_token=tail,
+        )
+
+    within = SweepResult(model="m", cells=[cell(64), cell(200)], wall_s=1.0, native_context=NATIVE)
+    lines = sweep_table(within).splitlines()
+    assert len(lines) == 4 and not any("past" in line for line in lines)  # title, head, rule, one row
+    assert lines[-1].split() == ["yarn", "x4", "(orig=256)", "2.000", "2.000"]
+
+    rule = SelfExtendAttention(group_size=4, window=64)
+    beyond = SweepResult(
+        model="m", cells=[cell(64, rule), cell(200, rule), cell(400, rule)], wall_s=1.0, native_context=NATIVE
+    )
+    head, tail = sweep_table(beyond).split("\n\n")
+    assert "yarn x4 (orig=256) + self_extend (group_size=4,window=64)" in head
+    assert tail.splitlines()[1].split() == ["past", "256", "400"]  # only the length past native
+    assert tail.splitlines()[-1].split()[-1] == "2.500"
 
 
 @pytest.mark.parametrize(

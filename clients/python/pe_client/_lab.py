@@ -1,6 +1,6 @@
-"""What the lab's commands share: the model's card, the async twin of a sync client, sending a
-batch of requests together so that the server runs them in one batch, greedy answers under a
-configuration, and cells that show their configuration as it was sent.
+"""What the lab's commands share: the model (its card, and what its name sets), the async twin of
+a sync client, sending a batch of requests together so that the server runs them in one batch,
+greedy answers under a configuration, and cells that show their configuration as it was sent.
 """
 
 from __future__ import annotations
@@ -14,9 +14,20 @@ from pydantic import BaseModel, PlainSerializer
 from pe_client.async_client import AsyncPEClient
 from pe_client.attention import PEAttention
 from pe_client.client import PEClient
-from pe_client.grid import Configuration, GridError, check_lengths, check_supported, pick_model
+from pe_client.grid import (
+    AttentionSpec,
+    Configuration,
+    GridError,
+    ModelTarget,
+    ScalingSpec,
+    check_lengths,
+    check_supported,
+    configurations,
+    needs_aliases,
+    pick_model,
+)
 from pe_client.scaling import PEScaling
-from pe_client.types import GenerateRequest, ModelInfo
+from pe_client.types import GenerateRequest
 
 T = TypeVar("T")
 
@@ -35,33 +46,54 @@ SentAttention = Annotated[PEAttention | None, PlainSerializer(_as_sent)]
 async def greedy_text(
     client: AsyncPEClient,
     *,
-    model: str,
+    target: ModelTarget,
     tokens: list[int],
     configuration: Configuration,
     max_new_tokens: int,
 ) -> str:
     """The greedy continuation of `tokens` under a (scaling, attention rule) configuration; a None
-    rule is left out of the body, like every unset field."""
-    scaling, attention = configuration
-    request = GenerateRequest(
-        tokens=tokens,
-        model=model,
-        pe_scaling=scaling,
-        pe_attention=attention,
-        max_new_tokens=max_new_tokens,
-        temperature=0.0,
+    rule is left out of the body, like every unset field, and so is what the model's name sets."""
+    request = GenerateRequest.model_validate(
+        {
+            **target.request_fields(configuration),
+            "tokens": tokens,
+            "max_new_tokens": max_new_tokens,
+            "temperature": 0.0,
+        }
     )
     return (await client.generate(request)).text
 
 
-async def checked_card(
-    client: AsyncPEClient, model: str | None, lengths: Sequence[int], scalings: Sequence[PEScaling]
-) -> tuple[ModelInfo, list[int]]:
-    """The model's card and the sorted lengths, once both fit it (GET /models is the only request)."""
-    card = pick_model(await client.models(), model)
-    checked = check_lengths(lengths, card)
-    check_supported(scalings, card)
-    return card, checked
+async def checked_target(
+    client: AsyncPEClient,
+    model: str | None,
+    lengths: Sequence[int],
+    scalings: Sequence[ScalingSpec] | None,
+    attentions: Sequence[AttentionSpec] | None,
+    *,
+    default_scalings: Sequence[ScalingSpec] = (),
+) -> tuple[ModelTarget, list[Configuration], list[int]]:
+    """The model, the grid's configurations under its name, and the sorted lengths, once all fit
+    the model's card. `GET /models` is the only request, and `GET /v1/models` (the `--alias` names)
+    for a name that is no resident model's. No `scalings` means `default_scalings` unless the
+    name sets the scaling."""
+    cards = await client.models()
+    target = pick_model(cards, model, await alias_targets(client) if needs_aliases(cards, model) else None)
+    if not scalings and target.named.scaling is None:
+        scalings = default_scalings
+    grid = configurations(scalings, attentions, target.named, model=model)
+    checked = check_lengths(lengths, target.card)
+    check_supported(grid, target.card)
+    return target, grid, checked
+
+
+async def alias_targets(client: AsyncPEClient) -> dict[str, str]:
+    """The server's `--alias` names and their TARGETs (`MODEL@SPEC...`), from `GET /v1/models`,
+    which lists them beside the resident models (an alias is the entry with a `target`)."""
+    response = await client._send(client._build_request(client._http, "GET", "/v1/models"))
+    return {
+        entry["id"]: entry["target"] for entry in response.json()["data"] if entry.get("target") is not None
+    }
 
 
 async def gather_all(

@@ -6,6 +6,7 @@ pe-client compare --pe rope --scalings none,linear,ntk,yarn --factor 4 "def fib(
 pe-client models
 pe-client --grpc 127.0.0.1:50051 models      # any command but the lab's over gRPC (pe-client[grpc])
 pe-client sweep --corpus pydoc-topics --lengths 256,1024,4096 --scaling none --scaling 'yarn:factor=4|16'
+pe-client sweep --text-file t.txt --lengths 512,1024 --model zoo-rope@ntk:factor=4 --attention rerope:window=8
 pe-client passkey --lengths 512,2048 --depths 0.1,0.5,0.9 --scaling none --scaling dynamic:factor=4 --trials 5
 pe-client ruler --tasks niah_single,vt,cwe --lengths 1024,4096 --samples 20 --scaling 'yarn:factor=4' --json
 """
@@ -31,7 +32,7 @@ from pe_client.attention import PEAttention
 from pe_client.client import PEClient
 from pe_client.corpora import CORPORA, corpus_text
 from pe_client.errors import PEServeError
-from pe_client.grid import GridError, configurations, label, parse_attention_specs, parse_specs
+from pe_client.grid import GridError, check_grid, configurations, label, parse_attention_specs
 from pe_client.lab_output import (
     ProgressBar,
     check_plot_path,
@@ -127,8 +128,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep = commands.add_parser("sweep", help="bits per token of a text by length, under a grid of scalings")
     _add_lab_options(
         sweep,
-        concurrency_default=f"{PASSES_IN_FLIGHT} passes: one per scaling, per length for dynamic/longrope",
+        concurrency_default=f"{PASSES_IN_FLIGHT} passes: one per configuration, per length for dynamic",
     )
+    _add_attention_option(sweep)
     text = sweep.add_mutually_exclusive_group(required=True)
     text.add_argument("--text-file", type=Path, metavar="FILE", help="the text to score; - reads stdin")
     text.add_argument("--corpus", choices=sorted(CORPORA), help="a text the client knows by name")
@@ -176,17 +178,22 @@ def _add_lab_options(
     scaling_required: bool = True,
     concurrency_default: str = "all at once",
 ) -> None:
-    """The options every lab command takes; without `--scaling`, `ruler` runs unscaled."""
-    parser.add_argument("--model", default=None, help="default: the server's default model")
+    """The options every lab command takes; without `--scaling`, `ruler` runs unscaled, and the
+    others need the model's name to set the scaling (`NAME@SPEC`, an alias)."""
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a resident model, an --alias name, or either with @SPEC parts (e.g. zoo-rope@yarn:factor=4), "
+        "which then stand for --scaling/--attention (default: the server's default model)",
+    )
     parser.add_argument("--lengths", type=_ints, required=True, help="comma-separated token counts")
     parser.add_argument(
         "--scaling",
         dest="scalings",
         action="append",
-        required=scaling_required,
         metavar="SPEC",
         help="none or TYPE:key=value,... (factor=2|4|8 expands); repeatable"
-        + ("" if scaling_required else " (default none)"),
+        + (" (required unless --model sets the scaling)" if scaling_required else " (default none)"),
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     parser.add_argument(
@@ -426,22 +433,24 @@ def _progress(args: argparse.Namespace, total: int, unit: str = "cells") -> Prog
 
 
 def _lab_checks(args: argparse.Namespace) -> int:
-    """What can be refused before any request: the plot's format and the grid's SPECs; the number
-    of scalings the grid expands to."""
+    """What can be refused before any request: the plot's format, the grid's SPECs and those of the
+    model's name (`NAME@SPEC`) against them; the number of (scaling, rule) configurations (an
+    axis the name sets counts one)."""
     if args.plot is not None:
         check_plot_path(args.plot)
-    return len(parse_specs(args.scalings))
+    check_grid(args.scalings, args.attentions, args.model)
+    return len(configurations(args.scalings or ["none"], args.attentions))
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    scalings = _lab_checks(args)
+    grid = _lab_checks(args)
     if args.corpus is not None:
         text = corpus_text(args.corpus)
     elif str(args.text_file) == "-":
         text = sys.stdin.read()
     else:
         text = args.text_file.read_text(encoding="utf-8")
-    bar = _progress(args, scalings * len(set(args.lengths)))
+    bar = _progress(args, grid * len(set(args.lengths)))
 
     async def run() -> SweepResult:
         async with _lab_client(args) as client:
@@ -450,6 +459,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
                 text=text,
                 lengths=args.lengths,
                 scalings=args.scalings,
+                attentions=args.attentions,
                 model=args.model,
                 concurrency=args.concurrency,
                 on_cell=bar.advance,
@@ -462,16 +472,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _configurations(args: argparse.Namespace, scalings: Sequence[str]) -> int:
-    """`_lab_checks` for the commands that cross scalings with attention rules: the number of
-    (scaling, rule) configurations, once the plot's format and every SPEC are known to be good."""
-    if args.plot is not None:
-        check_plot_path(args.plot)
-    return len(configurations(scalings, args.attentions))
-
-
 def _run_passkey(args: argparse.Namespace) -> int:
-    grid = _configurations(args, args.scalings)
+    grid = _lab_checks(args)
     bar = _progress(args, grid * len(set(args.lengths)) * len(args.depths) * max(1, args.trials))
 
     async def run() -> PasskeyResult:
@@ -498,8 +500,7 @@ def _run_passkey(args: argparse.Namespace) -> int:
 
 def _run_ruler(args: argparse.Namespace) -> int:
     tasks = check_tasks(args.tasks)
-    scalings = args.scalings or ["none"]
-    grid = _configurations(args, scalings)
+    grid = _lab_checks(args)
     haystack = None if args.haystack == "noise" else _read_text(Path(args.haystack), "--haystack")
     bar = _progress(args, grid * len(tasks) * len(set(args.lengths)) * max(1, args.samples), "samples")
 
@@ -510,7 +511,7 @@ def _run_ruler(args: argparse.Namespace) -> int:
                 lengths=args.lengths,
                 tasks=tasks,
                 samples=args.samples,
-                scalings=scalings,
+                scalings=args.scalings,
                 attentions=args.attentions,
                 model=args.model,
                 seed=args.seed,

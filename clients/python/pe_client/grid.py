@@ -7,20 +7,25 @@ same way with the `pe_attention` fields (`self_extend:group_size=4|8,window=512`
 are checked by the SDK's own models; the ranges a lab run could not use are checked here, and the
 lengths and scaling types against the model's card, so a bad grid fails with a message naming the
 culprit instead of after some of its cells have already run.
+
+A model may be named with its configuration, as the server reads it (`NAME@SPEC[@SPEC]`, or an
+`--alias` name listed by `GET /v1/models`): what the name sets stands for that axis of the grid, and
+the grid may not give the same axis too.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar, get_args
 
 from pydantic import BaseModel, ValidationError
 
-from pe_client.attention import PEAttention, parse_attention
+from pe_client.attention import AttentionType, PEAttention, parse_attention
 from pe_client.errors import PEServeError
-from pe_client.scaling import PEScaling, parse_scaling
+from pe_client.scaling import PEScaling, ScalingType, parse_scaling
 from pe_client.types import ModelInfo
 
 # Long field names shortened in labels; the JSON output keeps the full scaling.
@@ -37,6 +42,11 @@ Configuration = tuple[PEScaling, PEAttention | None]
 
 _Parsed = TypeVar("_Parsed", bound=BaseModel)
 
+MODEL_SEPARATOR = "@"
+"""Between a model name and the SPECs it carries: `zoo-rope@yarn:factor=2@self_extend:...`."""
+_SCALING_TYPES: tuple[str, ...] = get_args(ScalingType)
+_ATTENTION_TYPES: tuple[str, ...] = get_args(AttentionType)
+
 
 class GridError(PEServeError, ValueError):
     """A lab grid that cannot run: a bad SPEC, an out-of-range value, a length over `max_context`."""
@@ -51,7 +61,7 @@ def parse_specs(specs: Iterable[ScalingSpec]) -> list[PEScaling]:
             if scaling not in scalings:
                 scalings.append(scaling)
     if not scalings:
-        raise GridError("no scaling given")
+        raise GridError("no scaling given (scalings=, --scaling; or a model name that sets one, NAME@SPEC)")
     return scalings
 
 
@@ -66,12 +76,135 @@ def parse_attention_specs(specs: Iterable[AttentionSpec]) -> list[PEAttention]:
 
 
 def configurations(
-    scalings: Iterable[ScalingSpec], attentions: Iterable[AttentionSpec] | None
+    scalings: Sequence[ScalingSpec] | None,
+    attentions: Sequence[AttentionSpec] | None,
+    named: NamedConfiguration | None = None,
+    *,
+    model: str | None = None,
 ) -> list[Configuration]:
     """Every scaling crossed with every attention rule (scalings outer); no rules given (None or
-    empty) means one configuration per scaling that sends no `pe_attention` at all."""
-    rules: list[PEAttention | None] = [*parse_attention_specs(attentions or [])] or [None]
-    return [(scaling, rule) for scaling in parse_specs(scalings) for rule in rules]
+    empty) means one configuration per scaling that sends no `pe_attention` at all.
+
+    `named` is what the model name `model` sets: its scaling is the grid's one scaling, its rule
+    the grid's one rule, and the grid giving that axis too is an error (`check_named`).
+    """
+    named = named or NamedConfiguration()
+    check_named(scalings, attentions, named, model)
+    axis: list[PEScaling] = [named.scaling] if named.scaling is not None else parse_specs(scalings or [])
+    rules: list[PEAttention | None] = (
+        [named.attention] if named.attention is not None else [*parse_attention_specs(attentions or [])]
+    ) or [None]
+    return [(scaling, rule) for scaling in axis for rule in rules]
+
+
+def check_grid(
+    scalings: Sequence[ScalingSpec] | None, attentions: Sequence[AttentionSpec] | None, model: str | None
+) -> None:
+    """What can be refused before any request: the grid's SPECs, the SPECs the model name carries
+    itself (`NAME@SPEC`), and the two setting the same axis. An alias's own SPECs are known only
+    from `GET /v1/models`, so `configurations` checks them again once the name is resolved."""
+    if scalings:
+        parse_specs(scalings)
+    parse_attention_specs(attentions or [])
+    if model is not None and MODEL_SEPARATOR in model:
+        _, specs = split_model_name(model)
+        check_named(scalings, attentions, NamedConfiguration().extended(specs, model), model)
+
+
+def check_named(
+    scalings: Sequence[ScalingSpec] | None,
+    attentions: Sequence[AttentionSpec] | None,
+    named: NamedConfiguration,
+    model: str | None,
+) -> None:
+    """A model name that sets the scaling (or the rule) and a grid that gives scalings (or rules)
+    too: one configuration named in two places, which the server would refuse on every request."""
+    if named.scaling is not None and scalings:
+        raise GridError(
+            f"the model name {model!r} sets the scaling ({label(named.scaling)}) and the grid gives "
+            "scalings too (--scaling); give the scaling in one place"
+        )
+    if named.attention is not None and attentions:
+        raise GridError(
+            f"the model name {model!r} sets the attention rule ({label(named.attention)}) and the grid "
+            "gives rules too (--attention); give the rule in one place"
+        )
+
+
+@dataclass(frozen=True)
+class NamedConfiguration:
+    """What a model name's SPECs set: a scaling, an attention rule (None: the name sets none)."""
+
+    scaling: PEScaling | None = None
+    attention: PEAttention | None = None
+
+    def extended(self, specs: Iterable[str], model: str) -> NamedConfiguration:
+        """This configuration with more SPECs, each filling the field its type names (as the server
+        reads a name); a second scaling or a second rule is an error naming `model`."""
+        named = self
+        for spec in specs:
+            kind = spec.partition(":")[0].strip()
+            if kind in _SCALING_TYPES:
+                (scaling,) = _one(spec, parse_scaling, "scaling", model)
+                _check_ranges(scaling)
+                if named.scaling is not None:
+                    raise GridError(
+                        f"model {model!r}: two scaling SPECs ({label(named.scaling)} and {spec!r})"
+                    )
+                named = replace(named, scaling=scaling)
+            elif kind in _ATTENTION_TYPES:
+                (rule,) = _one(spec, parse_attention, "attention", model)
+                if named.attention is not None:
+                    raise GridError(
+                        f"model {model!r}: two attention SPECs ({label(named.attention)} and {spec!r})"
+                    )
+                named = replace(named, attention=rule)
+            else:
+                raise GridError(
+                    f"model {model!r}: {spec!r} is no SPEC: its type {kind!r} is neither a scaling "
+                    f"({', '.join(_SCALING_TYPES)}) nor an attention rule ({', '.join(_ATTENTION_TYPES)})"
+                )
+        return named
+
+
+@dataclass(frozen=True)
+class ModelTarget:
+    """The model a lab run talks to: the resident model's card (its lengths, scalings and
+    tokenizer), the name its requests carry (as given), and what that name sets."""
+
+    card: ModelInfo
+    name: str
+    named: NamedConfiguration = NamedConfiguration()
+
+    def request_fields(self, configuration: Configuration) -> dict[str, object]:
+        """`model`, `pe_scaling` and `pe_attention` of a request under `configuration`: what the
+        name sets travels in the name alone (the server refuses it twice)."""
+        scaling, attention = configuration
+        return {
+            "model": self.name,
+            "pe_scaling": None if self.named.scaling is not None else scaling,
+            "pe_attention": None if self.named.attention is not None else attention,
+        }
+
+
+def split_model_name(name: str) -> tuple[str, list[str]]:
+    """`NAME@SPEC@SPEC` as NAME and its SPECs (none for a plain name)."""
+    base, *specs = (part.strip() for part in name.split(MODEL_SEPARATOR))
+    if not base:
+        raise GridError(f"model {name!r}: no model name before the first {MODEL_SEPARATOR!r}")
+    if not all(specs):
+        raise GridError(
+            f"model {name!r}: an empty SPEC (two {MODEL_SEPARATOR!r} in a row, or one at the end)"
+        )
+    return base, specs
+
+
+def _one(spec: str, parse: Callable[[object], _Parsed], kind: str, model: str) -> list[_Parsed]:
+    """A model name's SPEC, which names one configuration: no `a|b` alternatives."""
+    parsed = _expand(spec, parse, kind)
+    if len(parsed) != 1:
+        raise GridError(f"model {model!r}: {spec!r} names {len(parsed)} {kind}s; a model name takes one")
+    return parsed
 
 
 def _expand(spec: str, parse: Callable[[object], _Parsed], kind: str) -> list[_Parsed]:
@@ -82,7 +215,7 @@ def _expand(spec: str, parse: Callable[[object], _Parsed], kind: str) -> list[_P
     for assignment in filter(None, (part.strip() for part in assignments.split(","))):
         key, equals, values = assignment.partition("=")
         if not equals or not key.strip() or not values.strip():
-            raise GridError(f"scaling {spec!r}: expected key=value, got {assignment!r}")
+            raise GridError(f"{kind} {spec!r}: expected key=value, got {assignment!r}")
         keys.append(key.strip())
         choices.append([_value(value.strip()) for value in values.split("|")])
     expanded = []
@@ -96,9 +229,12 @@ def _expand(spec: str, parse: Callable[[object], _Parsed], kind: str) -> list[_P
 
 
 def _value(text: str) -> object:
-    """`true`/`false`, an integer, a number, or the text itself (for `dynamic_mode=hf`)."""
+    """`true`/`false`, an integer, a number, a `;`-separated list of them (LongRoPE's factors, as
+    the server reads a model name's SPEC), or the text itself (for `dynamic_mode=hf`)."""
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
+    if ";" in text:
+        return [_value(part.strip()) for part in text.split(";") if part.strip()]
     for convert in (int, float):
         try:
             return convert(text)
@@ -145,25 +281,54 @@ def check_lengths(lengths: Sequence[int], card: ModelInfo) -> list[int]:
     return sorted(set(lengths))
 
 
-def check_supported(scalings: Sequence[PEScaling], card: ModelInfo) -> None:
-    for scaling in scalings:
+def check_supported(grid: Sequence[Configuration], card: ModelInfo) -> None:
+    """Every scaling and attention rule of the grid is one the model's scheme applies (its card's
+    `supported_scalings` and `supported_attention`)."""
+    for scaling, rule in grid:
         if scaling.type not in card.supported_scalings:
             raise GridError(
                 f"{card.name} ({card.scheme}) does not take {scaling.type} scaling; "
                 f"it supports {', '.join(card.supported_scalings)}"
             )
+        if rule is not None and rule.type not in card.supported_attention:
+            raise GridError(
+                f"{card.name} ({card.scheme}) does not apply {rule.type} attention; "
+                f"it supports {', '.join(card.supported_attention)}"
+            )
 
 
-def pick_model(cards: Sequence[ModelInfo], model: str | None) -> ModelInfo:
-    """The named model's card, or the server's default (the first one loaded)."""
+def pick_model(
+    cards: Sequence[ModelInfo], model: str | None, aliases: Mapping[str, str] | None = None
+) -> ModelTarget:
+    """What `model` names, as the server resolves it: None the server's default (the first model
+    loaded), a resident model's name, an `--alias` name (`aliases`: each alias's TARGET, from
+    `GET /v1/models`), or either of those followed by `@SPEC`s. The target carries the name as
+    given and what its SPECs (an alias's first) set."""
     if not cards:
         raise GridError("the server has no model")
     if model is None:
-        return cards[0]
-    for card in cards:
-        if card.name == model:
-            return card
-    raise GridError(f"no model {model!r} on the server (it has {', '.join(card.name for card in cards)})")
+        return ModelTarget(cards[0], cards[0].name)
+    by_name = {card.name: card for card in cards}
+    if model in by_name:
+        return ModelTarget(by_name[model], model)
+    aliases = aliases or {}
+    base, specs = (model, []) if model in aliases else split_model_name(model)
+    named = NamedConfiguration()
+    if base in aliases:
+        base, alias_specs = split_model_name(aliases[base])
+        named = named.extended(alias_specs, model)
+    if base not in by_name:
+        known = [*by_name, *aliases]
+        raise GridError(f"no model {model!r} on the server (it has {', '.join(known)})")
+    return ModelTarget(by_name[base], model, named.extended(specs, model))
+
+
+def needs_aliases(cards: Sequence[ModelInfo], model: str | None) -> bool:
+    """Whether `model` may be an alias (or an alias with SPECs): neither the default, nor a
+    resident model's name, nor one followed by SPECs. Only then is `GET /v1/models` read."""
+    if model is None or model in {card.name for card in cards}:
+        return False
+    return model.partition(MODEL_SEPARATOR)[0].strip() not in {card.name for card in cards}
 
 
 def label(scaling: PEScaling | PEAttention) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from pe_client.errors import PEServeError
-from pe_client.grid import configuration_label, label
+from pe_client.grid import configuration_label
 from pe_client.passkey import PasskeyCell, PasskeyResult
 from pe_client.ruler import RulerCell, RulerResult
 from pe_client.sweep import SweepCell, SweepResult
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 PLOT_SUFFIXES = (".png", ".svg")
-_Cell = TypeVar("_Cell", PasskeyCell, RulerCell)
+_Cell = TypeVar("_Cell", PasskeyCell, RulerCell, SweepCell)
 
 
 class ProgressBar:
@@ -53,22 +53,29 @@ class ProgressBar:
 
 
 def sweep_table(result: SweepResult) -> str:
-    """Bits per token, one row per scaling and one column per length; then the same past native."""
+    """Bits per token, one row per configuration and one column per length; then the same over the
+    tokens past the native context, when some length passes it (else there is nothing to show)."""
     lengths = sorted({cell.length for cell in result.cells})
-    rows = _by_scaling(result)
+    rows = _by_length(result)
     whole = _table(
         "bits/token", lengths, {name: [cell.bits_per_token for cell in cells] for name, cells in rows}
     )
+    head = (
+        f"{result.model}: bits per token over each prefix "
+        f"({len(result.cells)} cells, {result.wall_s:.1f} s)\n{whole}"
+    )
+    past = [length for length in lengths if length > result.native_context]
+    if not past:
+        return head
     tail = _table(
         f"past {result.native_context}",
-        lengths,
-        {name: [cell.tail_bits_per_token for cell in cells] for name, cells in rows},
+        past,
+        {
+            name: [cell.tail_bits_per_token for cell in cells if cell.length > result.native_context]
+            for name, cells in rows
+        },
     )
-    return (
-        f"{result.model}: bits per token over each prefix "
-        f"({len(result.cells)} cells, {result.wall_s:.1f} s)\n"
-        f"{whole}\n\nover the tokens past the native context ({result.native_context}):\n{tail}"
-    )
+    return f"{head}\n\nover the tokens past the native context ({result.native_context}):\n{tail}"
 
 
 def passkey_table(result: PasskeyResult) -> str:
@@ -118,12 +125,10 @@ def _by_configuration(cells: Sequence[_Cell]) -> list[tuple[str, list[_Cell]]]:
     return list(groups.items())
 
 
-def _by_scaling(result: SweepResult) -> list[tuple[str, list[SweepCell]]]:
-    """Each scaling's label and its cells by length, scalings in grid order."""
-    names = list(dict.fromkeys(label(cell.scaling) for cell in result.cells))
+def _by_length(result: SweepResult) -> list[tuple[str, list[SweepCell]]]:
+    """Each configuration's label and its cells by length, configurations in grid order."""
     return [
-        (name, sorted((c for c in result.cells if label(c.scaling) == name), key=lambda c: c.length))
-        for name in names
+        (name, sorted(cells, key=lambda cell: cell.length)) for name, cells in _by_configuration(result.cells)
     ]
 
 
@@ -168,13 +173,13 @@ def check_plot_path(path: Path) -> None:
 
 
 def plot_sweep(result: SweepResult, path: Path) -> None:
-    """Bits per token against length, one line per scaling: the whole prefix, and past native.
+    """Bits per token against length, one line per configuration: the whole prefix, and past native.
 
     Only panels with data are drawn: without a length past the native context there is no tail
     figure, and the plot is the whole-prefix panel alone.
     """
     plt = _pyplot()
-    rows = _by_scaling(result)
+    rows = _by_length(result)
     panels = [
         (
             "whole prefix",

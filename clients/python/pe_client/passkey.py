@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from pe_client._lab import SentAttention, SentScaling, checked_card, gather_all, greedy_text, run_with_twin
+from pe_client._lab import SentAttention, SentScaling, checked_target, gather_all, greedy_text, run_with_twin
 from pe_client.async_client import AsyncPEClient
 from pe_client.client import PEClient
-from pe_client.grid import AttentionSpec, Configuration, GridError, ScalingSpec, configurations
+from pe_client.grid import AttentionSpec, Configuration, GridError, ModelTarget, ScalingSpec, check_grid
 from pe_client.haystack import noise_lines
 from pe_client.types import ChatMessage
 
@@ -82,8 +82,8 @@ class PasskeyCell(BaseModel):
 
 
 class PasskeyResult(BaseModel):
-    """Cells in grid order (configuration, then length, then depth); `model`, `chat` and `wall_s`
-    are not part of the JSON the CLI prints."""
+    """Cells in grid order (configuration, then length, then depth); `model` (the name the requests
+    carried), `chat` and `wall_s` are not part of the JSON the CLI prints."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -116,7 +116,7 @@ async def async_passkey(
     *,
     lengths: Sequence[int],
     depths: Sequence[float],
-    scalings: Sequence[ScalingSpec],
+    scalings: Sequence[ScalingSpec] | None = None,
     attentions: Sequence[AttentionSpec] | None = None,
     model: str | None = None,
     trials: int = 1,
@@ -130,15 +130,18 @@ async def async_passkey(
     puts the key at the start of the filler, 1 at its end. Each trial's key (distinct within a
     cell) and filler are drawn from `seed`, and the same prompts are asked under every
     configuration: each scaling crossed with each attention rule (`attentions`, SPECs or typed
-    rules; None sends no `pe_attention`). The grid is checked before any prompt is built
-    (GridError). `on_cell` is called with each answer's correctness as it arrives.
+    rules; None sends no `pe_attention`). `model` may carry the scaling or the rule in its name
+    (`NAME@SPEC`, an `--alias` name), which then stands for `scalings` or `attentions`. The grid is
+    checked before any prompt is built (GridError). `on_cell` is called with each answer's
+    correctness as it arrives.
     """
-    grid = configurations(scalings, attentions)
+    check_grid(scalings, attentions, model)
     if trials < 1:
         raise GridError(f"trials must be at least 1, got {trials}")
     if not depths or any(not 0.0 <= depth <= 1.0 for depth in depths):
         raise GridError(f"depths must lie between 0 and 1, got {list(depths)}")
-    card, checked = await checked_card(client, model, lengths, [scaling for scaling, _ in grid])
+    target, grid, checked = await checked_target(client, model, lengths, scalings, attentions)
+    card = target.card
     if checked[0] <= ANSWER_TOKENS * 2:
         raise GridError(
             f"length {checked[0]} leaves no room for a haystack (at least {ANSWER_TOKENS * 2 + 1})"
@@ -155,7 +158,7 @@ async def async_passkey(
     started = time.perf_counter()
 
     def job(probe: _Probe, configuration: Configuration) -> Callable[[], Awaitable[bool]]:
-        return lambda: _answer(client, card.name, probe, configuration)
+        return lambda: _answer(client, target, probe, configuration)
 
     asked = [(index, probe) for index in range(len(grid)) for probe in probes]
     answers = await gather_all(
@@ -177,7 +180,7 @@ async def async_passkey(
         for length in checked
         for depth in depths
     ]
-    return PasskeyResult(cells=cells, model=card.name, chat=chat, wall_s=time.perf_counter() - started)
+    return PasskeyResult(cells=cells, model=target.name, chat=chat, wall_s=time.perf_counter() - started)
 
 
 def passkey(
@@ -185,7 +188,7 @@ def passkey(
     *,
     lengths: Sequence[int],
     depths: Sequence[float],
-    scalings: Sequence[ScalingSpec],
+    scalings: Sequence[ScalingSpec] | None = None,
     attentions: Sequence[AttentionSpec] | None = None,
     model: str | None = None,
     trials: int = 1,
@@ -256,10 +259,12 @@ class _PromptBuilder:
         return await self._client.tokenize(haystack + COMPLETION_QUESTION, model=self._model)
 
 
-async def _answer(client: AsyncPEClient, model: str, probe: _Probe, configuration: Configuration) -> bool:
+async def _answer(
+    client: AsyncPEClient, target: ModelTarget, probe: _Probe, configuration: Configuration
+) -> bool:
     """Whether the first number of the greedy answer is the key."""
     text = await greedy_text(
-        client, model=model, tokens=probe.tokens, configuration=configuration, max_new_tokens=ANSWER_TOKENS
+        client, target=target, tokens=probe.tokens, configuration=configuration, max_new_tokens=ANSWER_TOKENS
     )
     first_number = re.search(r"\d+", text)
     return first_number is not None and int(first_number.group()) == probe.key

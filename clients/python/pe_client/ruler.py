@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pe_client._lab import SentAttention, SentScaling, checked_card, gather_all, greedy_text, run_with_twin
+from pe_client._lab import SentAttention, SentScaling, checked_target, gather_all, greedy_text, run_with_twin
 from pe_client.async_client import AsyncPEClient
 from pe_client.client import PEClient
-from pe_client.grid import AttentionSpec, Configuration, GridError, ScalingSpec, configurations
+from pe_client.grid import AttentionSpec, Configuration, GridError, ScalingSpec, check_grid
 from pe_client.haystack import NOISE, Haystack
 from pe_client.ruler_tasks import (
     TASKS,
@@ -97,7 +97,7 @@ async def async_ruler(
     lengths: Sequence[int],
     tasks: Sequence[str] = TASKS,
     samples: int = 10,
-    scalings: Sequence[ScalingSpec] = ("none",),
+    scalings: Sequence[ScalingSpec] | None = None,
     attentions: Sequence[AttentionSpec] | None = None,
     model: str | None = None,
     seed: int = 0,
@@ -108,18 +108,23 @@ async def async_ruler(
     """Score `samples` samples of every task at every length under every configuration.
 
     `tasks` are names from `TASKS`; `haystack` is the filler text of the needle and variable
-    tasks (None: RULER's noise); each scaling is crossed with each attention rule (`attentions`,
-    SPECs or typed rules; None sends no `pe_attention`). Samples are drawn from `seed`, the same
-    for every configuration. The grid is checked before any request but GET /models (GridError):
-    tasks, SPECs, lengths against `max_context` and the room each task's answer needs. All
+    tasks (None: RULER's noise); each scaling (None: `none`) is crossed with each attention rule
+    (`attentions`, SPECs or typed rules; None sends no `pe_attention`). `model` may carry the
+    scaling or the rule in its name (`NAME@SPEC`, an `--alias` name), which then stands for
+    `scalings` or `attentions`. Samples are drawn from `seed`, the same for every configuration.
+    The grid is checked before any request but GET /models (and GET /v1/models for an alias)
+    (GridError): tasks, SPECs, lengths against `max_context` and the room each task's answer needs. All
     prompts are fitted before the first generation. `on_sample` is called as each answer arrives.
     """
     checked_tasks = check_tasks(tasks)
     if samples < 1:
         raise GridError(f"samples must be at least 1, got {samples}")
-    grid = configurations(scalings, attentions)
+    check_grid(scalings, attentions, model)
     filler = Haystack(NOISE if haystack is None else haystack)
-    card, checked = await checked_card(client, model, lengths, [scaling for scaling, _ in grid])
+    target, grid, checked = await checked_target(
+        client, model, lengths, scalings, attentions, default_scalings=("none",)
+    )
+    card = target.card
     budgets = {(task, length): _budget(task, length, card) for task in checked_tasks for length in checked}
     chat = (await client.tokenizer_info(card.name)).chat_template is not None
 
@@ -165,7 +170,7 @@ async def async_ruler(
         async def run() -> RulerSample:
             output = await greedy_text(
                 client,
-                model=card.name,
+                target=target,
                 tokens=prompt.tokens,
                 configuration=configuration,
                 max_new_tokens=answer_tokens(prompt.task),
@@ -190,7 +195,7 @@ async def async_ruler(
         on_done=on_sample,
     )
     return RulerResult(
-        model=card.name,
+        model=target.name,
         cells=_cells(grid, answered),
         wall_s=time.perf_counter() - started,
         samples=answered,
@@ -204,7 +209,7 @@ def ruler(
     lengths: Sequence[int],
     tasks: Sequence[str] = TASKS,
     samples: int = 10,
-    scalings: Sequence[ScalingSpec] = ("none",),
+    scalings: Sequence[ScalingSpec] | None = None,
     attentions: Sequence[AttentionSpec] | None = None,
     model: str | None = None,
     seed: int = 0,
