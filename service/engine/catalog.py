@@ -8,7 +8,7 @@ the engine runs, and a bad one is refused before it crosses a process boundary.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pe_runtime import PEConfigError, RopeScaling
 from service.engine.errors import ContextLengthError, InvalidRequestError, ModelNotFoundError
@@ -120,22 +120,20 @@ class ModelCatalog:
 
 def check_scaling_supported(info: ModelInfo, scaling_type: str) -> None:
     """A scaling the model's scheme cannot apply is refused, never ignored (`pe_scaling.type`)."""
-    try:
-        check_supported_scaling(info.scheme, scaling_type)
-    except PEConfigError as error:
-        raise InvalidRequestError(
-            f"model {info.name!r}: {error.message}", param=SCALING_FIELD + ".type"
-        ) from None
+    _refused_as(info, SCALING_FIELD, lambda: check_supported_scaling(info.scheme, scaling_type))
 
 
 def check_attention_supported(info: ModelInfo, rule: AttentionRule) -> None:
     """A rule the model's scheme cannot apply is refused, never ignored (`pe_attention.type`)."""
+    _refused_as(info, ATTENTION_FIELD, lambda: check_supported_attention(info.scheme, rule))
+
+
+def _refused_as(info: ModelInfo, field: str, check: Callable[[], None]) -> None:
+    """`check`'s PEConfigError as the request's error, naming `<field>.type` and the model."""
     try:
-        check_supported_attention(info.scheme, rule)
+        check()
     except PEConfigError as error:
-        raise InvalidRequestError(
-            f"model {info.name!r}: {error.message}", param=ATTENTION_FIELD + ".type"
-        ) from None
+        raise InvalidRequestError(f"model {info.name!r}: {error.message}", param=field + ".type") from None
 
 
 def check_tokens(info: ModelInfo, tokens: Sequence[int], *, field: str, minimum: int) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -115,14 +115,7 @@ class ModelRunner:
         recompute it first: `run`)."""
         if stale_rows(self.model, view, rows.scalings, rows.table_lengths):
             return None
-        return self.model.forward_stages(
-            self._tokens(rows.chunks),
-            scaling=rows.scalings,
-            cache=view,
-            table_lengths=rows.table_lengths,
-            counts=rows.counts,
-            attention=rows.any_rule,
-        )
+        return self._stages(rows, view)
 
     def run_alone(self, rows: PassRows, failed: dict[int, Exception] | None = None) -> PassResult:
         """Every row not in `failed` in a pass of its own; the rows that raise join `failed`."""
@@ -176,17 +169,25 @@ class ModelRunner:
         return failed
 
     def _forward(self, rows: PassRows, view: PagedRows) -> Tensor:
-        """The model's own layers: logits float32 [N, V] at each row's last real token."""
+        """The model's own layers (its `forward`, whole): logits float32 [N, V] at each row's
+        last real token."""
         with torch.inference_mode():
-            logits: Tensor = self.model(
-                self._tokens(rows.chunks),
-                scaling=rows.scalings,
-                cache=view,
-                table_lengths=rows.table_lengths,
-                counts=rows.counts,
-                attention=rows.any_rule,
-            )[:, -1]
+            logits: Tensor = self.model(self._tokens(rows.chunks), **self._pass_arguments(rows, view))[:, -1]
         return logits.float()
+
+    def _stages(self, rows: PassRows, view: PagedRows) -> Stages[Tensor]:
+        return self.model.forward_stages(self._tokens(rows.chunks), **self._pass_arguments(rows, view))
+
+    @staticmethod
+    def _pass_arguments(rows: PassRows, view: PagedRows) -> dict[str, Any]:
+        """What the model's forward takes of the rows besides their tokens."""
+        return {
+            "scaling": rows.scalings,
+            "cache": view,
+            "table_lengths": rows.table_lengths,
+            "counts": rows.counts,
+            "attention": rows.any_rule,
+        }
 
     @property
     def _device(self) -> torch.device:
