@@ -430,7 +430,8 @@ def _placement(query: torch.Tensor, key: torch.Tensor, seen: torch.Tensor) -> Pl
 def _number(name: str, value: object, *, limit: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise PEConfigError(f"{name} must be a number, got {value!r}", field=name)
-    if not math.isfinite(value) or abs(value) > limit:
+    # The bound first: an integer past a float's range (JSON may carry one) cannot be made finite.
+    if abs(value) > limit or not math.isfinite(value):
         raise PEConfigError(f"{name} must be a finite number of at most {limit:g}, got {value!r}", field=name)
     return float(value)
 

@@ -53,49 +53,47 @@ class TurnedKeys:
     """One row's cached keys turned to its rule's key positions, per layer and per distinct key
     placement (DCA's three branches share one), kept across the row's passes.
 
-    Slots before `filled` hold turned keys; a pass turns its window from `min(filled, past)` on,
-    so a pass that failed (its row did not advance) is turned again. Turned keys depend on the rule
-    and on the row's frequencies (`owner`): a change of either (a dynamic table's next bucket)
-    turns everything again. The copy lives beside the pool, outside its bound: a row under a rule
-    that moves keys holds its keys twice."""
+    Each kept window knows how many slots it holds turned; a pass turns from there, or from the
+    row's committed length if that is less (a pass that failed left slots its row will write
+    again), so a placement that first appears late (DCA's, once the text passes its stride) turns
+    every slot. Turned keys depend on the rule and on the row's frequencies (`owner`): a change
+    of either (a dynamic table's next bucket) turns everything again. The copy lives beside the
+    pool, outside its bound: a row under a rule that moves keys holds its keys twice."""
 
     def __init__(self) -> None:
         self.owner: object = None
-        self.filled = 0
-        self._buffers: dict[tuple[int, int], Tensor] = {}
+        self._kept: dict[tuple[int, int], tuple[Tensor, int]] = {}  # (layer, placement): keys, turned
 
-    def start(self, owner: object, past: int, window: int) -> int:
-        """The first slot this pass turns, for a row with `past` committed entries whose window
-        is `window` slots; the store then counts the window as filled."""
+    def begin(self, owner: object) -> None:
+        """A pass of the row under `owner` starts: what was turned under another is dropped."""
         if owner != self.owner:
-            self.owner, self.filled = owner, 0
-            self._buffers.clear()
-        first = min(self.filled, past)
-        self.filled = window
-        return first
+            self.owner = owner
+            self._kept.clear()
 
     def window(
-        self, layer: int, view: int, keys: Tensor, turn: Turn, first: int, layout: RopeLayout
+        self, layer: int, view: int, keys: Tensor, turn: Turn, past: int, layout: RopeLayout
     ) -> Tensor:
-        """Keys [Hkv, Tk, hd] turned: slots from `first` on by `turn` (their cos/sin), the others
-        as an earlier pass turned them."""
+        """Keys [Hkv, Tk, hd] turned by `turn` (cos/sin for every slot), reusing what earlier passes
+        turned of the first `past` slots (the row's committed entries)."""
         length = keys.shape[1]
-        buffer = self._buffers.get((layer, view))
+        buffer, turned = self._kept.get((layer, view), (None, 0))
+        first = min(turned, past)
         if buffer is None or buffer.shape[1] < length:
-            grown = keys.new_empty(
-                (keys.shape[0], max(length, 2 * (0 if buffer is None else buffer.shape[1])), keys.shape[2])
-            )
+            capacity = max(length, 2 * (buffer.shape[1] if buffer is not None else 0))
+            grown = keys.new_empty((keys.shape[0], capacity, keys.shape[2]))
             if buffer is not None:
                 grown[:, :first] = buffer[:, :first]
-            buffer = self._buffers[(layer, view)] = grown
-        buffer[:, first:length] = apply_rope(keys[:, first:], *turn, layout=layout)
+            buffer = grown
+        cos, sin = turn
+        buffer[:, first:length] = apply_rope(keys[:, first:], cos[first:], sin[first:], layout=layout)
+        self._kept[(layer, view)] = (buffer, length)
         return buffer[:, :length]
 
 
 class RuleRow(NamedTuple):
     branches: tuple[BranchInputs, ...]
-    key_turns: tuple[Turn, ...]  # per distinct key placement, for slots `first` .. Tk
-    first: int
+    key_turns: tuple[Turn, ...]  # per distinct key placement, for every slot of the window
+    past: int  # the row's committed entries before the pass
     store: TurnedKeys | None
 
     def keys(self, layer: int, view: int | None, keys: Tensor, layout: RopeLayout) -> Tensor:
@@ -105,7 +103,7 @@ class RuleRow(NamedTuple):
         turn = self.key_turns[view]
         if self.store is None:
             return apply_rope(keys, *turn, layout=layout)
-        return self.store.window(layer, view, keys, turn, self.first, layout)
+        return self.store.window(layer, view, keys, turn, self.past, layout)
 
 
 def rule_row_inputs(
@@ -132,7 +130,8 @@ def rule_row_inputs(
     slot_written = torch.arange(keys.shape[0], device=keys.device) < written
     branches: list[BranchInputs] = []
     placements: list[Tensor] = []
-    first = store.start(owner, past, keys.shape[0]) if store is not None else 0
+    if store is not None:
+        store.begin(owner)
     for branch in rule.branches(queries.cpu(), keys.cpu()):
         query_at = branch.query_position.to(keys.device)
         key_at = branch.key_position.to(keys.device)
@@ -154,11 +153,11 @@ def rule_row_inputs(
             )
         )
     key_turns = tuple(
-        rope_cos_sin_at(inv_freq, (at - keys.double())[first:], layout=layout, dtype=dtype)
+        rope_cos_sin_at(inv_freq, at - keys.double(), layout=layout, dtype=dtype)
         for at in placements
         if inv_freq is not None
     )
-    return RuleRow(tuple(branches), key_turns, first, store)
+    return RuleRow(tuple(branches), key_turns, past, store)
 
 
 def rule_row_attention(
