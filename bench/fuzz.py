@@ -11,6 +11,12 @@ model's context, scalings a scheme supports), so that check would only report th
 The server's own `pe_serve_requests_total` is read before and after, so the figures count what
 the server answered, by status, not only what schemathesis thinks it sent.
 
+`pe_attention` and model names (`NAME@SPEC`, `--alias`) are fuzzed through what
+`bench/fuzz_hooks.py` tells schemathesis of them (the description has a free-form object and any
+string): every rule type with its fields in and out of range, wrong types and huge numbers, and
+names with SPECs valid and malformed. The hooks count what was sent of them by status, and the
+server's `pe_attention_requests_total` says which rules ran.
+
     python -m bench.fuzz [--max-examples N] [--max-time-s S] [--min-requests N [--round-s S]]
                          [--workers N] [--seed N] [--output PATH]
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -30,14 +37,15 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.live_server import OptionValue, live_server
+from bench.fuzz_hooks import MODELS_ENV, TALLY_ENV
+from tests.live_server import REPO_ROOT, OptionValue, live_server
 
 EXCLUDED_CHECKS = ("positive_data_acceptance",)
 RESULTS = Path(__file__).resolve().parent / "results" / "fuzz.md"
@@ -45,6 +53,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "fuzz.md"
 # measure, and a long generation on two busy cores must not make the bounded CI run fail.
 REQUEST_TIMEOUT_S = 300
 _REQUESTS_SAMPLE = re.compile(r"^pe_serve_requests_total\{([^}]*)\} (\S+)$", re.M)
+_RULES_SAMPLE = re.compile(r"^pe_attention_requests_total\{([^}]*)\} (\S+)$", re.M)
+# The fuzz server's fixed model names (`--alias`), which the hooks also name in `model`.
+ALIASES = ("zoo-long=zoo-rope@yarn:factor=4", "zoo-window=zoo-alibi@streaming:sink_tokens=4,window=32")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -57,6 +68,9 @@ class FuzzResult:
     errors: list[Any]
     statuses: Counter[tuple[str, int]]  # (endpoint, status) -> responses, from the server's metrics
     rounds: int = 1
+    # What was sent of pe_attention and model names ("pe_attention dca|4xx" -> requests), from the hooks
+    surface: Counter[str] = field(default_factory=Counter)
+    rules_run: Counter[str] = field(default_factory=Counter)  # pe_attention_requests_total by rule
 
     @property
     def requests(self) -> int:
@@ -80,6 +94,8 @@ class FuzzResult:
             errors=self.errors + later.errors,
             statuses=self.statuses + later.statuses,
             rounds=self.rounds + later.rounds,
+            surface=self.surface + later.surface,
+            rules_run=self.rules_run + later.rules_run,
         )
 
 
@@ -92,6 +108,22 @@ def answered(base_url: str) -> Counter[tuple[str, int]]:
         if named.get("protocol", "http") == "http":
             counts[(named["endpoint"], int(named["status"]))] += int(float(value))
     return counts
+
+
+def rules_run(base_url: str) -> Counter[str]:
+    """Generations and documents queued so far by attention rule (`pe_attention_requests_total`)."""
+    text = httpx.get(f"{base_url}/metrics", timeout=30.0).text
+    counts: Counter[str] = Counter()
+    for labels, value in _RULES_SAMPLE.findall(text):
+        counts[dict(_LABEL.findall(labels))["attention"]] += int(float(value))
+    return counts
+
+
+def model_names(base_url: str) -> list[str]:
+    """The server's model names: its residents (`/models`) and fixed aliases (`/v1/models`)."""
+    residents = [card["name"] for card in httpx.get(f"{base_url}/models", timeout=30.0).json()["models"]]
+    listed = [card["id"] for card in httpx.get(f"{base_url}/v1/models", timeout=30.0).json()["data"]]
+    return sorted({*residents, *listed})
 
 
 def run_fuzz(
@@ -134,13 +166,27 @@ def run_fuzz(
             command += ["--max-time", str(round(max_time_s))]
         for name, value in (headers or {}).items():
             command += ["--header", f"{name}: {value}"]
-        before = answered(base_url)
+        tally = Path(report_dir) / "surface.json"
+        environment = {
+            **os.environ,
+            "SCHEMATHESIS_HOOKS": "bench.fuzz_hooks",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+            MODELS_ENV: ",".join(model_names(base_url)),
+            TALLY_ENV: str(tally),
+        }
+        before, rules_before = answered(base_url), rules_run(base_url)
         started = time.monotonic()
-        finished = subprocess.run(command, capture_output=True, text=True, check=False)
+        finished = subprocess.run(
+            command, capture_output=True, text=True, check=False, env=environment, cwd=REPO_ROOT
+        )
         seconds = time.monotonic() - started
         statuses = answered(base_url)
         statuses.subtract(before)
+        rules = rules_run(base_url)
+        rules.subtract(rules_before)
+        surface: Counter[str] = Counter(json.loads(tally.read_text()) if tally.is_file() else {})
         reports = sorted(Path(report_dir).glob("*.json"))
+        reports = [path for path in reports if path != tally]
         if not reports:
             output = finished.stdout + finished.stderr
             raise RuntimeError(f"schemathesis wrote no report (exit {finished.returncode}):\n{output}")
@@ -153,6 +199,8 @@ def run_fuzz(
         failures=report["failures"],
         errors=report["errors"],
         statuses=+statuses,
+        surface=surface,
+        rules_run=+rules,
     )
 
 
@@ -193,6 +241,23 @@ def fuzz_until(
             return total
 
 
+def surface_table(surface: Counter[str]) -> list[str]:
+    """Rows of what was sent of the new surface: label, 2xx, 4xx, 5xx, and where the 200s were."""
+    by_label: dict[str, Counter[str]] = {}
+    for key, count in surface.items():
+        label, _, outcome = key.partition("|")
+        by_label.setdefault(label, Counter())[outcome] += count
+    rows = []
+    for label, outcomes in sorted(by_label.items()):
+        routes = ", ".join(
+            f"`{name.removeprefix('200 ')}` {n}"
+            for name, n in sorted(outcomes.items())
+            if name.startswith("200 ")
+        )
+        rows.append(f"| {label} | {outcomes['2xx']} | {outcomes['4xx']} | {outcomes['5xx']} | {routes} |")
+    return rows
+
+
 def markdown(result: FuzzResult, invocation: str) -> str:
     rows = "\n".join(
         f"| `{endpoint}` | {status} | {count} |"
@@ -200,6 +265,8 @@ def markdown(result: FuzzResult, invocation: str) -> str:
     )
     failures = "\n".join(f"- {json.dumps(failure)}" for failure in result.failures) or "none"
     rounds = "1 round" if result.rounds == 1 else f"{result.rounds} rounds"
+    surface_rows = "\n".join(surface_table(result.surface)) or "| none | | | | |"
+    ran = ", ".join(f"`{rule}` {count}" for rule, count in sorted(result.rules_run.items())) or "none"
     first_round = " (the first round; later ones take the next seed up)" if result.rounds > 1 else ""
     return f"""# Fuzzing: schemathesis against `/openapi.json`
 
@@ -216,6 +283,17 @@ Schemathesis{first_round}: `{shlex.join(["st", *result.command[1:]])}`
 | schemathesis errors | {len(result.errors)} |
 
 Failures: {failures}
+
+The new surface (`bench/fuzz_hooks.py`): requests that carried a `pe_attention` (by its type, `+logn`
+when it set one) or a model name with SPECs or a server name, by status class, as schemathesis
+sent them; "200 on" counts the answered ones by route:
+
+| sent | 2xx | 4xx | 5xx | 200 on |
+|---|---|---|---|---|
+{surface_rows}
+
+Rules the engine ran (`pe_attention_requests_total`, before/after difference; valid rules that
+reached a model, from bodies and from names): {ran}.
 
 Responses by endpoint and status (the server's `pe_serve_requests_total`, before/after difference):
 
@@ -246,7 +324,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.min_requests is not None and args.max_time_s is None:
         parser.error("--min-requests needs --max-time-s, the most it may take")
-    options: dict[str, OptionValue] = {"device": "cpu", "max_context": 1024, "max_queue": 0}
+    options: dict[str, OptionValue] = {
+        "device": "cpu",
+        "max_context": 1024,
+        "max_queue": 0,
+        # streaming rules may generate past max_context: as far as a fuzz case's wait allows
+        "max_stream_tokens": 2048,
+        "alias": list(ALIASES),
+    }
     with live_server([], options=options, env={"OMP_NUM_THREADS": "1"}) as server:
         result = fuzz_until(
             server.base_url,

@@ -3,11 +3,21 @@
 One collector per process, registered once on the global registry (which the engine process
 exports, and the API process too when the engine runs on its thread), over a weak set of cores:
 tests and embedded use create many cores in one process, and a core that is gone drops out.
+
+A pool is sized at start-up (`pe_kv_cache_bytes`), but on a CPU its pages are taken as rows first
+write them (`HugePageArena.zeros`), so the process's resident memory grows as rows reach fresh
+blocks until the whole pool has been written once (the prefix cache keeps finished prompts' blocks
+and hands out never-used ones first). That is memory committed on purpose and bounded by the pool,
+so it is reported apart: `pe_kv_cache_resident_bytes` is the pool's pages in memory (`mincore`),
+and resident memory less that figure is what must stay flat under load (`bench/soak.py`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
+import mmap
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -55,6 +65,13 @@ _POOL_FIGURES: tuple[
     ),
     (GaugeMetricFamily, "pe_kv_cache_bytes", "Bytes of the model's KV cache pool.", lambda pool: pool.nbytes),
     (
+        GaugeMetricFamily,
+        "pe_kv_cache_resident_bytes",
+        "Bytes of the model's KV cache pool in memory: on a CPU its pages are taken as rows first "
+        "write them, up to pe_kv_cache_bytes; on a GPU, all of it from start-up.",
+        lambda pool: resident_bytes(pool),
+    ),
+    (
         CounterMetricFamily,
         "pe_prefix_cache_queries",
         "Prompt tokens of generations admitted with a prefix to look up in the model's cache.",
@@ -98,6 +115,56 @@ class _PoolCollector(Collector):
         )
         compile_time.add_metric([], sum(core.compile_seconds for core in cores))
         yield compile_time
+
+
+def resident_bytes(pool: PagedKVCache) -> int:
+    """Bytes of the pool's key and value pages that are in memory. A CPU pool's memory is counted
+    page by page with `mincore` (pages written, or read before any write); where that cannot be
+    asked (another device, no `mincore`), the whole pool counts."""
+    buffers = pool.keys + pool.values
+    if not buffers or buffers[0].device.type != "cpu":
+        return pool.nbytes
+    page = mmap.PAGESIZE
+    spans = sorted(
+        (buffer.data_ptr() // page * page, -(-(buffer.data_ptr() + buffer.nbytes) // page) * page)
+        for buffer in buffers
+    )
+    merged: list[list[int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    resident = 0
+    for start, end in merged:
+        counted = _resident_pages(start, end - start)
+        if counted is None:
+            return pool.nbytes
+        resident += counted * page
+    return min(resident, pool.nbytes)
+
+
+def _resident_pages(start: int, length: int) -> int | None:
+    """Pages of the page-aligned span in memory, from `mincore`; None where it cannot be asked."""
+    mincore = _mincore()
+    if mincore is None:
+        return None
+    pages = length // mmap.PAGESIZE
+    vector = (ctypes.c_ubyte * pages)()
+    if mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), vector) != 0:
+        return None
+    flags = bytes(vector)
+    return pages - flags.count(0)  # the low bit says resident; the others are reserved, zero
+
+
+@functools.cache
+def _mincore() -> Callable[..., int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        function: Callable[..., int] = ctypes.CDLL(name, use_errno=True).mincore
+    except (OSError, AttributeError):
+        return None
+    return function
 
 
 @functools.cache

@@ -199,11 +199,19 @@ def test_metrics_report_each_models_kv_pool(client: httpx.Client) -> None:
     """The pool is sized at start-up and idle between requests: capacity and bytes fixed, usage 0."""
     client.post("/generate", json=SAMPLED)
     text = client.get("/metrics").text
-    for name in ("pe_kv_cache_usage_perc", "pe_kv_cache_capacity_tokens", "pe_kv_cache_bytes"):
+    names = (
+        "pe_kv_cache_usage_perc",
+        "pe_kv_cache_capacity_tokens",
+        "pe_kv_cache_bytes",
+        "pe_kv_cache_resident_bytes",
+    )
+    for name in names:
         assert f"# HELP {name} " in text, name
     assert metric_value(client, 'pe_kv_cache_usage_perc{model="tiny-rope"}') == 0.0
     assert metric_value(client, 'pe_kv_cache_capacity_tokens{model="tiny-rope"}') >= MAX_CONTEXT
     assert metric_value(client, 'pe_kv_cache_bytes{model="tiny-rope"}') > 0
+    resident = metric_value(client, 'pe_kv_cache_resident_bytes{model="tiny-rope"}')
+    assert 0 < resident <= metric_value(client, 'pe_kv_cache_bytes{model="tiny-rope"}')
     assert metric_value(client, 'pe_decode_backend{backend="c",model="tiny-rope"}') == 1.0
 
 

@@ -1,5 +1,6 @@
 """A bounded schemathesis pass over every route of the live test server (`make fuzz` is the long
-run): no 5xx, no response or stream event outside its schema, no undocumented status."""
+run): no 5xx, no response or stream event outside its schema, no undocumented status. The pass
+includes `pe_attention` rules of every type and model names with SPECs (`bench/fuzz_hooks.py`)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,9 @@ def test_a_bounded_fuzz_run_finds_nothing(server: LiveServer) -> None:
     assert result.requests >= 300
     generate_statuses = {status for endpoint, status in result.statuses if endpoint == "/generate"}
     assert 200 in generate_statuses and 422 in generate_statuses
+    sent = {key.partition("|")[0] for key in result.surface}
+    rule_types = {
+        label.split()[1].removesuffix("+logn") for label in sent if label.startswith("pe_attention")
+    }
+    assert {"standard", "self_extend", "rerope", "leaky_rerope", "dca", "streaming"} <= rule_types, sent
+    assert "model NAME@SPEC" in sent, sent
