@@ -46,6 +46,7 @@ def test_streams_of_three_contexts_finish_with_the_pool_and_memory_flat(
         plain_clients=1,
         prompt_chars=40,
         plain_chars=100,
+        sample_s=0.05,  # a fast machine finishes in about a second: enough samples still
     )
     with live_server([model], options=options, env=SERVER_ENV) as server:
         result = asyncio.run(run_load(server.base_url, config, idle_wait_s=0.5))
