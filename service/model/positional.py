@@ -347,6 +347,7 @@ class PositionalEncoding(nn.Module):
                     past=row.past,
                     store=turned_keys[index] if turned_keys is not None else None,
                     owner=(row.rule, row.scaling, seq_len, dtype),
+                    query_groups=config.n_heads // config.n_kv_heads,
                 )
             )
         return tuple(built)

@@ -201,3 +201,21 @@ def test_a_yarn_row_turns_with_its_own_frequencies() -> None:
     assert (torch.cat(steps) - whole).abs().max() <= 1e-5
     assert (whole - plain).abs().max() > 1e-2
     assert math.isfinite(whole.sum().item())
+
+
+@pytest.mark.parametrize("scheme", ["rope", "alibi"])
+def test_the_fused_kernel_equals_the_score_matrix_path(scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU in float32 each branch runs through the fused kernel over its own key span and the
+    branches merge by log-sum-exp; elsewhere one score matrix takes each pair's branch. Both are
+    one rule: the same log-probabilities for every type the scheme applies."""
+    from service.model import rule_attention
+
+    tiny = model() if scheme == "rope" else tiny_transformer(seed=5, pe="alibi", native_context=128)
+    tokens = torch.tensor([text()])
+    rules = [rule for rule, _ in CASES if scheme == "rope" or rule.type in ("standard", "streaming")]
+    with torch.inference_mode():
+        fused = [torch.log_softmax(tiny(tokens, attention=[rule])[0], dim=-1) for rule in rules]
+        monkeypatch.setattr(rule_attention, "_fused_mask", lambda *args: None)
+        matrix = [torch.log_softmax(tiny(tokens, attention=[rule])[0], dim=-1) for rule in rules]
+    for rule, one, other in zip(rules, fused, matrix, strict=True):
+        assert (one - other).abs().max().item() < 1e-5, rule
