@@ -146,8 +146,32 @@ def prepare_input(
     field = "prompt" if body.prompt is not None else "tokens"
     given = body.prompt if body.prompt is not None else body.tokens
     assert given is not None
+    return prepare_for(engine, target, given, field=field, new_tokens=new_tokens, min_tokens=min_tokens)
+
+
+def prepare_for(
+    engine: Engine,
+    target: Target,
+    given: str | list[int],
+    *,
+    field: str,
+    new_tokens: int,
+    new_tokens_field: str = "max_new_tokens",
+    min_tokens: int = 1,
+    room_field: str | None = None,
+) -> PreparedInput:
+    """One input for a resolved target, as every route prepares it (the OpenAI routes too, with their
+    own field names): text encoded as a document or ids checked against the vocabulary, then the
+    room it leaves for `new_tokens` (`room_field` names the input there, default `field`)."""
     tokens = input_tokens(engine, target.model, given, field=field, minimum=min_tokens)
-    check_room(target.model, len(tokens), field=field, new_tokens=new_tokens, attention=target.attention)
+    check_room(
+        target.model,
+        len(tokens),
+        field=room_field or field,
+        new_tokens=new_tokens,
+        new_tokens_field=new_tokens_field,
+        attention=target.attention,
+    )
     return PreparedInput(target=target, tokens=tokens)
 
 

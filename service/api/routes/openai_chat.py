@@ -32,11 +32,10 @@ from service.api.schemas.openai import (
     ChatTopLogprob,
 )
 from service.api.streaming import DONE, EventStreamResponse, failure_event, merged_events, sse_event
-from service.engine.catalog import check_room
 from service.engine.types import EngineEvent, GenerationResult, RequestHandle, TokenEvent, TopLogprobs
 from service.requests.build import generation_request
 from service.requests.convert import TokenText, pe_block, token_text
-from service.requests.prepare import resolve_target
+from service.requests.prepare import prepare_for, resolve_target
 from service.requests.responses import PEBlock
 
 router = APIRouter(tags=["openai"], dependencies=[Depends(require_json)])
@@ -62,16 +61,11 @@ async def chat_completions(
     prompt = render_chat(
         model.name, engine.tokenizer_info(model.name), [m.for_template() for m in body.messages]
     )
-    tokens = tuple(engine.tokenize(model.name, prompt, add_special_tokens=False))
-    max_tokens = body.max_completion_tokens or body.max_tokens or max(model.max_context - len(tokens), 1)
-    check_room(
-        model,
-        len(tokens),
-        field="messages",
-        new_tokens=max_tokens,
-        new_tokens_field="max_tokens",
-        attention=target.attention,
-    )
+    rendered = engine.tokenize(model.name, prompt, add_special_tokens=False)  # the template has its own
+    max_tokens = body.max_completion_tokens or body.max_tokens or max(model.max_context - len(rendered), 1)
+    tokens = prepare_for(
+        engine, target, rendered, field="messages", new_tokens=max_tokens, new_tokens_field="max_tokens"
+    ).tokens
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     jobs = [
         generation_request(

@@ -28,7 +28,7 @@ from service.api.schemas.openai import (
     OpenAIFinishReason,
 )
 from service.api.streaming import DONE, EventStreamResponse, failure_event, merged_events, sse_event
-from service.engine.catalog import MIN_SCORED_TOKENS, check_room
+from service.engine.catalog import MIN_SCORED_TOKENS
 from service.engine.types import (
     Engine,
     EngineEvent,
@@ -43,7 +43,7 @@ from service.engine.types import (
 )
 from service.requests.build import generation_request, scoring_request
 from service.requests.convert import TokenText, pe_block, token_text
-from service.requests.prepare import Target, input_tokens, resolve_target
+from service.requests.prepare import Target, prepare_for, resolve_target
 
 router = APIRouter(tags=["openai"], dependencies=[Depends(require_json)])
 
@@ -116,15 +116,15 @@ def _plan(engine: Engine, target: Target, body: CompletionRequest, response_id: 
     prompts: list[_Prompt] = []
     for index, given in enumerate(body.prompts()):
         field = "prompt" if isinstance(given, str) else f"prompt.{index}"
-        tokens = input_tokens(engine, model, given, field=field)
-        check_room(
-            model,
-            len(tokens),
-            field="prompt",
+        tokens = prepare_for(
+            engine,
+            target,
+            given,
+            field=field,
             new_tokens=body.max_tokens,
             new_tokens_field="max_tokens",
-            attention=target.attention,
-        )
+            room_field="prompt",
+        ).tokens
         text = given if isinstance(given, str) else engine.detokenize(model.name, list(tokens))
         prompts.append(_Prompt(tokens=tokens, text=text))
     wants_logprobs = body.logprobs is not None
