@@ -7,8 +7,8 @@ and `pe_client.async_passkey`:
 - `zoo`: every bundled model (native 256) on `pydoc_data/topics.py`, lengths 256..4096, every
   scaling its scheme takes (GET /models) at x4 and x16, and a small passkey grid on zoo-rope;
 - `smollm2`: SmolLM2-135M-Instruct (native 8192) at 4k, 8k, 12k and 16k under none, linear x2,
-  ntk x2, dynamic x2, yarn x2 and llama3 x2; passkey at the same lengths, three depths, for none,
-  yarn and dynamic.
+  ntk x2, dynamic x2, yarn x2 and llama3 x2 (the lab's sweep: one pass per scaling); passkey at
+  the same lengths, three depths, `--trials` keys per cell (default 1), for none, yarn and dynamic.
 
 Each part also times the batching gain: every cell of a grid as its own `/score` of its first L
 tokens, all sent at once against one after another, in the same run; the one-at-a-time cells are
@@ -224,6 +224,7 @@ async def run_smollm2(
     passkey_lengths: Sequence[int],
     gain_lengths: Sequence[int],
     per_scaling: bool,
+    trials: int,
 ) -> None:
     """Batching gain (short cells), sweep, passkey, each length recorded as it finishes: on a busy
     machine a run cut short still leaves what it measured. Each length's scalings go out together."""
@@ -239,12 +240,14 @@ async def run_smollm2(
                 log(f"smollm2 batching gain at {list(gain_lengths)}")
                 record.add(batching=await batching_gain(client, text, gain_lengths, SMOLLM2_SCALINGS, model))
             cells: list[SweepCell] = []
-            # One length at a time with its scalings batched, or (--per-scaling, on a machine too
-            # busy for a whole length) one scaling at a time; each stage recorded as it ends.
+            # The lab's sweep: every scaling at every length in one call, one pass per scaling at the
+            # longest length (dynamic: one per length), the passes batched; or (--per-scaling, on a
+            # machine too busy for the whole grid at once) one scaling's passes after another, each
+            # recorded as it ends.
             stages = (
                 [(list(lengths), [scaling]) for scaling in SMOLLM2_SCALINGS]
                 if per_scaling
-                else [([length], list(SMOLLM2_SCALINGS)) for length in lengths]
+                else [(list(lengths), list(SMOLLM2_SCALINGS))]
             )
             for stage_lengths, stage_scalings in stages:
                 log(f"smollm2 sweep at {stage_lengths}: {stage_scalings}")
@@ -270,6 +273,8 @@ async def run_smollm2(
                     depths=DEPTHS,
                     scalings=SMOLLM2_PASSKEY_SCALINGS,
                     model=model,
+                    trials=trials,
+                    seed=0,
                     on_cell=lambda found: log(f"  passkey answer: {'found' if found else 'missed'}"),
                 )
                 answers += passkey.cells
@@ -372,12 +377,15 @@ def main() -> None:
     parser.add_argument("--passkey-lengths", default=",".join(map(str, SMOLLM2_LENGTHS)))
     parser.add_argument("--gain-lengths", default="2048", help="smollm2 lengths timed both ways")
     parser.add_argument("--per-scaling", action="store_true", help="smollm2 sweep stages by scaling")
+    parser.add_argument("--trials", type=int, default=1, help="smollm2 passkey keys per cell")
     args = parser.parse_args()
     if args.part == "zoo":
         asyncio.run(run_zoo(PartRecord("zoo")))
     elif args.part == "smollm2":
         lengths = (_ints(args.lengths), _ints(args.passkey_lengths), _ints(args.gain_lengths))
-        asyncio.run(run_smollm2(PartRecord("smollm2"), *lengths, per_scaling=args.per_scaling))
+        asyncio.run(
+            run_smollm2(PartRecord("smollm2"), *lengths, per_scaling=args.per_scaling, trials=args.trials)
+        )
     else:
         replot()
     REPORT.write_text(render_report())
