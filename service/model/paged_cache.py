@@ -61,6 +61,47 @@ class PagedRow:
     # hold text index slot + dropped.
     dropped: int = 0
     turned: TurnedKeys | None = None  # its keys turned for its attention rule, made on first use
+    copy: WindowCopy | None = None  # its window kept contiguous while it runs alone under a rule
+
+
+class WindowCopy:
+    """A rule row's key and value windows kept contiguous across its passes, per layer.
+
+    A row under an attention rule runs on the model's own layers, which read its window as one
+    tensor; on blocks that do not follow each other (a prompt that reused cached blocks, a free list
+    in pieces) that took a gather of every cached entry in every layer, a third of a decode step at
+    8k. The copy takes only what each pass adds: the entries the row has committed stay as copied
+    (a failed pass's slots past them are copied again), and a row that gave back blocks
+    (`PagedKVCache.slide`, its slots moved) or was recomputed (`PagedRows.replace_row`) is copied
+    afresh. Like its turned keys, it lives beside
+    the pool, outside its bound: such a row holds its entries twice."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[Tensor, Tensor, int]] = {}  # layer: keys, values, slots copied
+        self._dropped = 0
+
+    def windows(
+        self, layer: int, pages: tuple[Tensor, Tensor], row: PagedRow, block_size: int, window: int
+    ) -> tuple[Tensor, Tensor]:
+        """The row's first `window` slots of `pages` (keys, values `[Hkv, blocks, size, hd]`) as
+        `[1, Hkv, window, hd]` each, copying from the pool only the blocks not yet copied."""
+        if row.dropped != self._dropped:
+            self._kept.clear()
+            self._dropped = row.dropped
+        keys, values, copied = self._kept.get(layer, (None, None, 0))
+        first_block = min(copied, row.length) // block_size
+        first = first_block * block_size
+        if keys is None or values is None or keys.shape[1] < window:
+            capacity = max(window, 2 * (keys.shape[1] if keys is not None else 0))
+            grown = [page.new_empty((page.shape[0], capacity, page.shape[-1])) for page in pages]
+            if keys is not None and values is not None:
+                grown[0][:, :first], grown[1][:, :first] = keys[:, :first], values[:, :first]
+            keys, values = grown
+        blocks = torch.tensor(row.blocks[first_block : math.ceil(window / block_size)], device=keys.device)
+        for buffer, page in zip((keys, values), pages, strict=True):
+            buffer[:, first:window] = page.index_select(1, blocks).flatten(1, 2)[:, : window - first]
+        self._kept[layer] = (keys, values, window)
+        return keys[None, :, :window], values[None, :, :window]
 
 
 class PagedKVCache:
@@ -381,7 +422,21 @@ class PagedRows:
             blocks, offsets = self._write
             for pool_pages, new in zip(pages, (keys, values), strict=True):
                 pool_pages[:, blocks, offsets] = new.transpose(0, 1)  # [Hkv, B, T, hd]
+        copy = None if self._window_is_run else self._window_copy()
+        if copy is not None:
+            return copy.windows(layer, pages, self.rows[0], self.pool.block_size, self._window)
         return self._gather(pages[0]), self._gather(pages[1])
+
+    def _window_copy(self) -> WindowCopy | None:
+        """A lone rule row's contiguous copy of its window, where its blocks are not one run and
+        hold the whole window; None elsewhere (a gather, or the run's own view)."""
+        row = self.rows[0]
+        lone_rule_row = len(self.rows) == 1 and row.turned is not None
+        if not lone_rule_row or self._window > len(row.blocks) * self.pool.block_size:
+            return None
+        if row.copy is None:
+            row.copy = WindowCopy()
+        return row.copy
 
     def window_blocks(self, count: int) -> Tensor:
         """Each row's first `count` blocks `[B, count]`, contiguous, scratch-filled past its own.
@@ -441,3 +496,4 @@ class PagedRows:
         target = self.rows[row]
         target.length = length
         target.table_key = source.table_keys[0]
+        target.copy = None  # every entry changed

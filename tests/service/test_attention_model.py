@@ -115,10 +115,16 @@ def reference_logprobs(model: Transformer, tokens: list[int], attention: Referen
     return torch.log_softmax(hidden @ weights["lm_head.weight"].T, dim=-1)
 
 
-def incremental_logprobs(model: Transformer, tokens: list[int], rule: AttentionRule | None) -> torch.Tensor:
-    """[T, V]: the prompt in one pass over a paged row, then one token per pass."""
+def incremental_logprobs(
+    model: Transformer, tokens: list[int], rule: AttentionRule | None, *, scattered: bool = False
+) -> torch.Tensor:
+    """[T, V]: the prompt in one pass over a paged row, then one token per pass; `scattered`: the
+    row's blocks in reverse order (not one run of the pool: its window is copied, not a view)."""
     pool = pool_for(model)
-    rows = PagedRows(pool, [pool.allocate(len(tokens))])
+    row = pool.allocate(len(tokens))
+    if scattered:
+        row.blocks.reverse()
+    rows = PagedRows(pool, [row])
     outputs = []
     with torch.inference_mode():
         for begin, end in [(0, PROMPT), *((step, step + 1) for step in range(PROMPT, len(tokens)))]:
@@ -156,6 +162,21 @@ def test_incremental_decoding_over_the_pool_equals_the_reference(
     tokens = text(2)
     assert_close(
         incremental_logprobs(tiny, tokens, rule), reference_logprobs(tiny, tokens, attention), "decode"
+    )
+
+
+@pytest.mark.parametrize(("rule", "attention"), CASES, ids=IDS)
+def test_a_row_on_scattered_blocks_decodes_as_on_a_run(
+    rule: AttentionRule, attention: ReferenceAttention
+) -> None:
+    """A lone rule row whose blocks are not one run keeps its window as a copy it extends each pass
+    (`paged_cache.WindowCopy`); it must read what a row on consecutive blocks reads."""
+    tiny = model()
+    tokens = text(4)
+    assert_close(
+        incremental_logprobs(tiny, tokens, rule, scattered=True),
+        reference_logprobs(tiny, tokens, attention),
+        "scattered decode",
     )
 
 
