@@ -29,7 +29,7 @@ from service.model.kernels.paged_attention import reference_paged_decode_attenti
 from service.model.kv_cache import RowCache
 from service.model.positional import PositionalInputs
 from service.model.relative_attention import RelativeAttention
-from service.model.rule_attention import attend_rows
+from service.model.rule_attention import Windows, attend_rows
 
 
 class PagedStep(NamedTuple):
@@ -72,15 +72,27 @@ def attend(
     `cache` holds before them: attended [B, H, Tq, hd]. Writes the new entries into the cache."""
     if isinstance(cache, PagedStep):
         return cache.attend(layer, queries, keys, values)
+    key_windows: Windows = keys
+    value_windows: Windows = values
     if cache is not None:
-        keys, values = cache.write(layer, keys, values)  # windows [B, Hkv, Tk, hd]
+        key_windows, value_windows = cache.write(layer, keys, values)
+    if positions.rules is not None:
+        return attend_rows(
+            positions.rules,
+            layer,
+            queries,
+            key_windows,
+            value_windows,
+            positions.attn_mask,
+            positions.causal,
+            layout,
+        )
+    # Without a rule the windows are the pass's, [B, Hkv, Tk, hd] each.
+    assert isinstance(key_windows, Tensor) and isinstance(value_windows, Tensor)
+    keys, values = key_windows, value_windows
     if relative is not None:
         attended: Tensor = relative(queries, keys, values, positions.relative)
         return attended
-    if positions.rules is not None:
-        return attend_rows(
-            positions.rules, layer, queries, keys, values, positions.attn_mask, positions.causal, layout
-        )
     return F.scaled_dot_product_attention(
         queries,
         keys,

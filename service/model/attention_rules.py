@@ -89,6 +89,12 @@ class AttentionRule(ABC):
     def branches(self, query_index: torch.Tensor, key_index: torch.Tensor) -> tuple[Branch, ...]:
         """The rule as score products (`Branch`) for text indices i [Tq] against j [Tk]."""
 
+    @property
+    def moves_pairs(self) -> bool:
+        """Whether a query and a key meet other than causally at their text indices (every type but
+        `standard`, whose `logn` only scales queries): such a row attends by its rule's branches."""
+        return self.type != StandardAttention.type
+
     def query_scale(self, query_index: torch.Tensor) -> torch.Tensor:
         """The factor each query is multiplied by ([Tq] float64; ones without `logn`)."""
         return logn_scale(query_index, self.logn)

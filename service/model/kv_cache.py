@@ -24,8 +24,9 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from service.model.attention_rules import AttentionRule
 from service.model.config import ModelConfig
-from service.model.rule_attention import TurnedKeys
+from service.model.rule_attention import TurnedKeys, Windows
 
 
 class RowCache(Protocol):
@@ -44,13 +45,13 @@ class RowCache(Protocol):
     @property
     def text_offsets(self) -> list[int]: ...
 
-    def turned_keys(self) -> list[TurnedKeys | None]: ...
+    def turned_keys(self, rules: Sequence[AttentionRule | None]) -> list[TurnedKeys | None]: ...
 
     def reserve(self, new_tokens: int) -> None: ...
 
     def key_positions(self) -> Tensor: ...
 
-    def write(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]: ...
+    def write(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Windows, Windows]: ...
 
     def advance(
         self, tokens: Tensor, table_keys: Sequence[Hashable], counts: Sequence[int] | None = None
@@ -87,7 +88,7 @@ class KVCache:
         """Contiguous rows hold their whole text: every entry sits at its index."""
         return [0] * len(self.lengths)
 
-    def turned_keys(self) -> list[TurnedKeys | None]:
+    def turned_keys(self, rules: Sequence[AttentionRule | None]) -> list[TurnedKeys | None]:
         """None: a contiguous cache lives for one computation, its rule rows turn their windows."""
         return [None] * len(self.lengths)
 

@@ -39,10 +39,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from service.model.attention_rules import AttentionRule
 from service.model.config import ModelConfig
 from service.model.kernels.huge_pages import HugePageArena
 from service.model.kv_cache import KVCache
-from service.model.rule_attention import TurnedKeys
+from service.model.rule_attention import TurnedKeys, Windows
 
 BLOCK_SIZE = 16
 SCRATCH_BLOCK = 0  # what padded block tables name; 0, so that zero padding names it too
@@ -61,7 +62,7 @@ class PagedRow:
     # hold text index slot + dropped.
     dropped: int = 0
     turned: TurnedKeys | None = None  # its keys turned for its attention rule, made on first use
-    copy: WindowCopy | None = None  # its window kept contiguous while it runs alone under a rule
+    copy: WindowCopy | None = None  # its window kept contiguous under a rule, where its blocks are not a run
 
 
 class WindowCopy:
@@ -73,8 +74,8 @@ class WindowCopy:
     8k. The copy takes only what each pass adds: the entries the row has committed stay as copied
     (a failed pass's slots past them are copied again), and a row that gave back blocks
     (`PagedKVCache.slide`, its slots moved) or was recomputed (`PagedRows.replace_row`) is copied
-    afresh. Like its turned keys, it lives beside
-    the pool, outside its bound: such a row holds its entries twice."""
+    afresh. Like its turned keys, it lives beside the pool, outside its bound: such a row holds its
+    entries twice."""
 
     def __init__(self) -> None:
         self._kept: dict[int, tuple[Tensor, Tensor, int]] = {}  # layer: keys, values, slots copied
@@ -84,7 +85,8 @@ class WindowCopy:
         self, layer: int, pages: tuple[Tensor, Tensor], row: PagedRow, block_size: int, window: int
     ) -> tuple[Tensor, Tensor]:
         """The row's first `window` slots of `pages` (keys, values `[Hkv, blocks, size, hd]`) as
-        `[1, Hkv, window, hd]` each, copying from the pool only the blocks not yet copied."""
+        `[Hkv, window, hd]` each, copying from the pool only the blocks not yet copied. Slots past
+        the row's blocks (a padded chunk at the end of its reservation) hold nothing it reads."""
         if row.dropped != self._dropped:
             self._kept.clear()
             self._dropped = row.dropped
@@ -97,11 +99,12 @@ class WindowCopy:
             if keys is not None and values is not None:
                 grown[0][:, :first], grown[1][:, :first] = keys[:, :first], values[:, :first]
             keys, values = grown
-        blocks = torch.tensor(row.blocks[first_block : math.ceil(window / block_size)], device=keys.device)
+        held = min(window, len(row.blocks) * block_size)
+        blocks = torch.tensor(row.blocks[first_block : math.ceil(held / block_size)], device=keys.device)
         for buffer, page in zip((keys, values), pages, strict=True):
-            buffer[:, first:window] = page.index_select(1, blocks).flatten(1, 2)[:, : window - first]
-        self._kept[layer] = (keys, values, window)
-        return keys[None, :, :window], values[None, :, :window]
+            buffer[:, first:held] = page.index_select(1, blocks).flatten(1, 2)[:, : held - first]
+        self._kept[layer] = (keys, values, held)
+        return keys[:, :window], values[:, :window]
 
 
 class PagedKVCache:
@@ -364,10 +367,11 @@ class PagedRows:
         """How far each row's next entries sit in its text past their slot (`PagedRow.dropped`)."""
         return [row.dropped for row in self.rows]
 
-    def turned_keys(self) -> list[TurnedKeys | None]:
-        """Each row's keys turned for its attention rule, kept with the row across its passes."""
-        for row in self.rows:
-            if row.turned is None:
+    def turned_keys(self, rules: Sequence[AttentionRule | None]) -> list[TurnedKeys | None]:
+        """The keys of each row under a rule that moves pairs, turned for it and kept with the row
+        across its passes (None for the other rows)."""
+        for row, rule in zip(self.rows, rules, strict=True):
+            if row.turned is None and rule is not None and rule.moves_pairs:
                 row.turned = TurnedKeys()
         return [row.turned for row in self.rows]
 
@@ -405,12 +409,15 @@ class PagedRows:
         blocks = self.block_table.gather(1, index.clamp(max=widest - 1))
         return torch.where(index < widest, blocks, SCRATCH_BLOCK), positions % size
 
-    def write(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    def write(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Windows, Windows]:
         """Store `[B, n_kv_heads, T, head_dim]` after each row's entries; return the windows.
 
-        The windows `[B, n_kv_heads, max(lengths) + T, head_dim]` are gathered from the blocks
-        (a copy; for a lone row on consecutive blocks, a view of the pool): rows shorter than the
-        longest carry other entries there, which the mask hides.
+        When every row is under a rule, each row's own window `[n_kv_heads, length + T, head_dim]`
+        (a list): a rule attends row by row (`rule_attention.attend_rows`), so no row pays for a
+        gather of every row's entries to the longest row's width in every layer.
+        Otherwise the windows `[B, n_kv_heads, max(lengths) + T, head_dim]` are gathered from the
+        blocks (a copy; for a lone row on consecutive blocks, a view of the pool): rows shorter than
+        the longest carry other entries there, which the mask hides.
         """
         assert self._write is not None, "reserve() first"
         pages = self.pool.keys[layer], self.pool.values[layer]
@@ -422,21 +429,24 @@ class PagedRows:
             blocks, offsets = self._write
             for pool_pages, new in zip(pages, (keys, values), strict=True):
                 pool_pages[:, blocks, offsets] = new.transpose(0, 1)  # [Hkv, B, T, hd]
-        copy = None if self._window_is_run else self._window_copy()
-        if copy is not None:
-            return copy.windows(layer, pages, self.rows[0], self.pool.block_size, self._window)
+        if all(row.turned is not None for row in self.rows):
+            windows = [self._row_window(layer, pages, row, row.length + keys.shape[2]) for row in self.rows]
+            return [keys for keys, _ in windows], [values for _, values in windows]
         return self._gather(pages[0]), self._gather(pages[1])
 
-    def _window_copy(self) -> WindowCopy | None:
-        """A lone rule row's contiguous copy of its window, where its blocks are not one run and
-        hold the whole window; None elsewhere (a gather, or the run's own view)."""
-        row = self.rows[0]
-        lone_rule_row = len(self.rows) == 1 and row.turned is not None
-        if not lone_rule_row or self._window > len(row.blocks) * self.pool.block_size:
-            return None
+    def _row_window(
+        self, layer: int, pages: tuple[Tensor, Tensor], row: PagedRow, window: int
+    ) -> tuple[Tensor, Tensor]:
+        """One row's first `window` slots `[Hkv, window, hd]`: a view of the pool where its blocks
+        follow each other and hold the window, else its `WindowCopy`."""
+        size = self.pool.block_size
+        start = row.blocks[0]
+        if window <= len(row.blocks) * size and row.blocks == list(range(start, start + len(row.blocks))):
+            run = [page[:, start : start + len(row.blocks)].flatten(1, 2)[:, :window] for page in pages]
+            return run[0], run[1]
         if row.copy is None:
             row.copy = WindowCopy()
-        return row.copy
+        return row.copy.windows(layer, pages, row, size, window)
 
     def window_blocks(self, count: int) -> Tensor:
         """Each row's first `count` blocks `[B, count]`, contiguous, scratch-filled past its own.

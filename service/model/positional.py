@@ -321,13 +321,14 @@ class PositionalEncoding(nn.Module):
         turned_keys: Sequence[TurnedKeys | None] | None,
     ) -> tuple[RuleRow | None, ...] | None:
         """Each row's rule branches (`rule_attention`); None when every row attends as trained."""
-        if all(row.rule is None or row.rule.type == "standard" for row in rows):
+        if not any(row.rule is not None and row.rule.moves_pairs for row in rows):
             return None
         config = self.config
         slopes = self.alibi_slopes(query_positions.device) if config.pe in ("alibi", "rope_alibi") else None
         built: list[RuleRow | None] = []
+        key_rows = key_positions if key_positions.shape[0] > 1 else key_positions.expand(len(rows), -1)
         for index, row in enumerate(rows):
-            if row.rule is None or row.rule.type == "standard":
+            if row.rule is None or not row.rule.moves_pairs:
                 built.append(None)
                 continue
             inv_freq, seq_len = None, None
@@ -338,7 +339,7 @@ class PositionalEncoding(nn.Module):
                 rule_row_inputs(
                     row.rule,
                     query_positions[index],
-                    key_positions[index if key_positions.shape[0] > 1 else 0],
+                    key_rows[index, : row.past + query_positions.shape[1]],  # its own slots (`attend_rows`)
                     row.past + row.count,
                     inv_freq=inv_freq,
                     layout=config.rope_layout,

@@ -44,6 +44,8 @@ from pe_runtime import RopeLayout, alibi_bias, apply_rope, rope_cos_sin_at
 from service.model.attention_rules import AttentionRule
 
 Turn = tuple[Tensor, Tensor]  # unit cos, sin [N, rotary_dim]
+# A pass's key or value windows: [B, Hkv, Tk, hd], or one [Hkv, Tk_i, hd] per row (`attend_rows`).
+Windows = Tensor | Sequence[Tensor]
 
 
 class BranchInputs(NamedTuple):
@@ -105,6 +107,7 @@ class RuleRow(NamedTuple):
     key_turns: tuple[Turn, ...]  # per distinct key placement, for every slot of the window
     past: int  # the row's committed entries before the pass
     store: TurnedKeys | None
+    slots: int  # its window's width Tk: its entries before the pass and the pass's tokens
 
     def keys(self, layer: int, view: int | None, keys: Tensor, layout: RopeLayout) -> Tensor:
         """The window's keys [Hkv, Tk, hd] as branch `view` reads them."""
@@ -173,7 +176,7 @@ def rule_row_inputs(
         for at in placements
         if inv_freq is not None
     )
-    return RuleRow(tuple(branches), key_turns, past, store)
+    return RuleRow(tuple(branches), key_turns, past, store, keys.shape[0])
 
 
 def rule_row_attention(
@@ -207,17 +210,22 @@ def attend_rows(
     rows: Sequence[RuleRow | None],
     layer: int,
     queries: Tensor,
-    keys: Tensor,
-    values: Tensor,
+    keys: Windows,
+    values: Windows,
     attn_mask: Tensor | None,
     causal: bool,
     layout: RopeLayout,
 ) -> Tensor:
-    """Queries [B, H, Tq, hd] against windows [B, Hkv, Tk, hd]: rows with a rule under it, the
-    others through SDPA with the pass's mask -> attended [B, H, Tq, hd]."""
+    """Queries [B, H, Tq, hd] against the pass's windows: rows with a rule under it, each over its
+    own slots, the others through SDPA with the pass's mask -> attended [B, H, Tq, hd].
+
+    The windows are either the pass's, [B, Hkv, Tk, hd] each (a rule row reads its first
+    `RuleRow.slots`), or, when every row has a rule, one [Hkv, slots, hd] per row
+    (`PagedRows.write`: no row pays for gathering the others' or the longest row's width)."""
     attended = torch.empty_like(queries)
     plain = [index for index, row in enumerate(rows) if row is None]
     if plain:
+        assert isinstance(keys, Tensor) and isinstance(values, Tensor), "plain rows read the pass's windows"
         take = torch.tensor(plain, device=queries.device)
         mask = attn_mask
         if mask is not None and mask.shape[0] > 1:
@@ -232,9 +240,8 @@ def attend_rows(
         )
     for index, row in enumerate(rows):
         if row is not None:
-            attended[index] = rule_row_attention(
-                row, layer, queries[index], keys[index], values[index], layout
-            )
+            own_keys, own_values = keys[index][:, : row.slots], values[index][:, : row.slots]
+            attended[index] = rule_row_attention(row, layer, queries[index], own_keys, own_values, layout)
     return attended
 
 

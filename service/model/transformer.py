@@ -356,7 +356,7 @@ class Transformer(nn.Module):
                 key_positions=key_positions,
                 rules=rules,
                 text_offsets=cache.text_offsets if cache is not None else None,
-                turned_keys=cache.turned_keys() if cache is not None and rules is not None else None,
+                turned_keys=cache.turned_keys(rules) if cache is not None and rules is not None else None,
             )
         if positions.absolute is not None:
             hidden = hidden + positions.absolute

@@ -199,6 +199,39 @@ def test_rows_under_different_rules_in_one_pass_equal_each_alone() -> None:
         assert error <= 1e-5, f"{rule}: mixed vs alone {error:.3g}"
 
 
+def test_rule_rows_of_different_lengths_in_one_pass_each_read_their_own_window() -> None:
+    """When every row of a pass is under a rule, each attends over its own window (`PagedRows.write`):
+    a view of its blocks where they are one run, else its copy. Rows of different lengths, every
+    other one on scattered blocks, prefilled in one padded chunk and decoded together, each read
+    what the authors' attention reads."""
+    tiny = model()
+    cases = [case for case in CASES if case[0].moves_pairs]
+    texts = [text(seed) for seed in range(len(cases))]
+    prompts = [PROMPT - 2 * index for index in range(len(cases))]
+    pool = pool_for(model=tiny, tokens=8192)
+    rows = [pool.allocate(LENGTH) for _ in cases]
+    for row in rows[1::2]:
+        row.blocks.reverse()
+    view = PagedRows(pool, rows)
+    rules: list[AttentionRule | None] = [rule for rule, _ in cases]
+    scalings = [RopeScaling()] * len(cases)
+    steps = LENGTH - PROMPT
+    with torch.inference_mode():
+        chunk = [
+            tokens[:prompt] + [0] * (PROMPT - prompt) for tokens, prompt in zip(texts, prompts, strict=True)
+        ]
+        outputs = [tiny(torch.tensor(chunk), scaling=scalings, cache=view, attention=rules, counts=prompts)]
+        for step in range(steps):
+            batch = torch.tensor(
+                [[tokens[prompt + step]] for tokens, prompt in zip(texts, prompts, strict=True)]
+            )
+            outputs.append(tiny(batch, scaling=scalings, cache=view, attention=rules))
+    for index, ((rule, attention), tokens, prompt) in enumerate(zip(cases, texts, prompts, strict=True)):
+        ours = torch.stack([torch.log_softmax(output[index, -1].double(), dim=-1) for output in outputs])
+        reference = reference_logprobs(tiny, tokens, attention)[prompt - 1 : prompt + steps]
+        assert_close(ours, reference, f"{rule} after a prompt of {prompt}")
+
+
 def test_a_yarn_row_turns_with_its_own_frequencies() -> None:
     """A rule composes with a scaling: the branches turn by the scaling's frequencies, so a rule
     under YaRN equals the rule computed from YaRN's table directly (scored in one pass vs decoded)."""
