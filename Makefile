@@ -61,10 +61,13 @@ bench-real: $(STAMP)
 	$(BIN)/python -m bench.weight_formats
 
 # The context-extension lab's headline runs (bench/results/extension.md): sweeps and passkey on the
-# zoo, then on SmolLM2 at 4k-16k tokens (under an hour on 2 cores). Bench-only, never in `make test`.
+# zoo, then on SmolLM2 at 4k-16k tokens (about 35 minutes on 2 cores); then RULER's tasks on SmolLM2
+# through `pe-client ruler` (bench/results/ruler.md; 4 tasks x 4k/8k/16k x 6 configurations x 10
+# samples is hours on 2 cores). Bench-only, never in `make test`.
 bench-extension: $(STAMP)
 	$(BIN)/python -m bench.extension --part zoo
 	$(BIN)/python -m bench.extension --part smollm2
+	$(BIN)/python -m bench.ruler
 
 # The lab's sweep (4k/8k/12k x none, yarn x2, ntk x2 on SmolLM2 F32) against llama.cpp's
 # llama-perplexity -c 12288 run once per scaling, side by side (bench/results/sweep_vs_perplexity.md).
