@@ -3,10 +3,11 @@ decoding, and what each step runs of them.
 
 Every sequence owns blocks of the model's KV pool (`service.model.paged_cache`) from admission to
 exit, so rows moving between the groups, joining or leaving copy nothing. A decode pass runs every
-decoding row, each row with its own RoPE scaling and attention rule. A prefill chunk advances every
-prefilling row by one width of prompt tokens sized to the step's token budget (rows of different
-prompt lengths and progress share the pass; a row with fewer tokens left is padded), so a long
-prompt is read a slice per step between decode passes instead of stalling them. A row whose
+decoding row, each row with its own RoPE scaling and attention rule. A prefill chunk advances the
+oldest prefilling rows the step's token budget gives a useful width, by one width of prompt tokens
+(rows of different prompt lengths and progress share the pass; a row with fewer tokens left is
+padded; the others wait their turn), so a long prompt is read a slice per step between decode
+passes instead of stalling them. A row whose
 prompt is complete moves to the decoding group with its first token's logits.
 
 The passes themselves are the runner's (`service.engine.runner.ModelRunner`): which backend
@@ -24,7 +25,7 @@ import torch
 from torch import Tensor
 
 from pe_runtime import RopeScaling
-from service.engine.budget import ChunkPlan, plan_chunk
+from service.engine.budget import ChunkPlan, plan_chunk, rows_per_chunk
 from service.engine.runner import ModelRunner, PassResult, PassRows
 from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest
@@ -184,38 +185,42 @@ class ModelBatch:
         return prefix_keys(root, request.prompt_tokens, self.pool.block_size)
 
     def prefill_chunk(self, budget: int) -> tuple[StepOutcome, int]:
-        """Advance every prefilling row by a chunk that fits `budget` units (`plan_chunk`).
+        """Advance the first prefilling rows by a chunk that fits `budget` units (`plan_chunk`).
 
-        Rows take the same width; a row with fewer prompt tokens left is padded to it, so that one
-        row close to the end of its prompt never slows the others down to its pace. When even the
-        smallest chunk costs more than the budget (a few tokens deep in a long context still read
-        every cached key), its pass is spread over steps, a few layers each, and the rows advance
-        when the last layer is done; rows that join meanwhile wait for the next chunk. Returns the
-        rows whose prompt is now complete, with their next-token logits (they move to the
-        decoding group in `retain`, unless that first token finished them), the rows that
-        failed, and what the step took from the budget.
+        The rows are the oldest the budget gives a useful width (`rows_per_chunk`); the others wait,
+        first come first served. Rows take the same width; a row with fewer prompt tokens left is
+        padded to it, so that one row close to the end of its prompt never slows the others down to
+        its pace. When even the smallest chunk costs more than the budget (a few tokens deep in a
+        long context still read every cached key), its pass is spread over steps, a few layers
+        each, and the rows advance when the last layer is done; rows that join meanwhile wait for
+        the next chunk. Returns the rows whose prompt is now complete, with their next-token logits
+        (they move to the decoding group in `retain`, unless that first token finished them), the
+        rows that failed, and what the step took from the budget.
         """
         if self._spread is not None:
             return self._continue_spread()
         group = self._prefilling
         past = max(sequence.prefilled for sequence in group.sequences)
-        longest = max(sequence.prompt_remaining for sequence in group.sequences)
-        plan = plan_chunk(budget, len(group), past, longest, self.model.config.n_layers)
-        counts = [min(plan.width, sequence.prompt_remaining) for sequence in group.sequences]
+        taken = rows_per_chunk(budget, len(group), past)
+        sequences, rows = group.sequences[:taken], group.rows[:taken]
+        view = group.view if taken == len(group) else PagedRows(self.pool, rows)
+        past = max(sequence.prefilled for sequence in sequences)
+        longest = max(sequence.prompt_remaining for sequence in sequences)
+        plan = plan_chunk(budget, taken, past, longest, self.model.config.n_layers)
+        counts = [min(plan.width, sequence.prompt_remaining) for sequence in sequences]
         chunks = [
             sequence.next_prompt_chunk(count) + (_PAD,) * (plan.width - count)
-            for sequence, count in zip(group.sequences, counts, strict=True)
+            for sequence, count in zip(sequences, counts, strict=True)
         ]
         # Every chunk of a prompt reads the table for the whole prompt: no row changes table mid-prompt.
-        lengths = [len(sequence.request.prompt_tokens) for sequence in group.sequences]
-        sequences = list(group.sequences)
-        rows = _pass_rows(group, chunks, lengths, counts)
+        lengths = [len(sequence.request.prompt_tokens) for sequence in sequences]
+        passed = _pass_rows(sequences, rows, chunks, lengths, counts)
         if plan.layers_per_step < plan.layers:
-            stages = self.runner.stages(rows, group.view)
+            stages = self.runner.stages(passed, view)
             if stages is not None:
-                self._spread = _SpreadChunk(sequences, rows, plan, stages)
+                self._spread = _SpreadChunk(sequences, passed, plan, stages)
                 return self._continue_spread()
-        result = self.runner.run(rows, group.view, decode=False)
+        result = self.runner.run(passed, view, decode=False)
         return self._prefilled(sequences, counts, result), plan.cost
 
     def _continue_spread(self) -> tuple[StepOutcome, int]:
@@ -252,7 +257,9 @@ class ModelBatch:
         lengths = [past + 1 for past in group.view.lengths]
         chunks = [(sequence.last_token,) for sequence in group.sequences]
         result = self.runner.run(
-            _pass_rows(group, chunks, lengths, [1] * len(chunks)), group.view, decode=True
+            _pass_rows(group.sequences, group.rows, chunks, lengths, [1] * len(chunks)),
+            group.view,
+            decode=True,
         )
         return self._outcome(group.sequences, result, result.rows)
 
@@ -308,14 +315,18 @@ class ModelBatch:
 
 
 def _pass_rows(
-    group: _Group, chunks: Sequence[tuple[int, ...]], table_lengths: list[int], counts: list[int]
+    sequences: Sequence[RunningSequence],
+    rows: Sequence[PagedRow],
+    chunks: Sequence[tuple[int, ...]],
+    table_lengths: list[int],
+    counts: list[int],
 ) -> PassRows:
-    """The group's rows as a pass runs them, each with its sequence's scaling and rule."""
+    """Rows as a pass runs them, each with its sequence's scaling and rule."""
     return PassRows(
-        list(group.rows),
+        list(rows),
         list(chunks),
-        [sequence.scaling for sequence in group.sequences],
-        [sequence.request.attention for sequence in group.sequences],
+        [sequence.scaling for sequence in sequences],
+        [sequence.request.attention for sequence in sequences],
         table_lengths,
         counts,
     )

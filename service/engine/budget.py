@@ -41,6 +41,12 @@ IDLE_BUDGET_FACTOR = 8
 # time over several steps (`ChunkPlan.layers_per_step`): deep in a long context even a few tokens
 # cost a pass over every cached key, and a long prompt must still advance at a useful width.
 MIN_CHUNK_UNITS = 16
+# The narrowest chunk a prompt row is given while other rows wait: a row's pass reads every key it
+# has cached, in every layer, however few tokens it adds, so rows given a few tokens each read
+# their whole windows many times over. Fifteen 12,288-token prompts under Self-Extend sent at
+# once, each advanced a few tokens per pass, took 2.4x as long as one after another; rows beyond
+# what the budget buys at this width wait their turn, first come first served (`rows_per_chunk`).
+MIN_ROW_WIDTH = 64
 # Weight of the latest chunk's speed in the running estimate: recent steps, close in context length.
 SPEED_SMOOTHING = 0.5
 
@@ -52,6 +58,12 @@ def chunk_width(budget: int, rows: int, past: int) -> int:
     per_row = budget / rows
     width = (math.sqrt(linear * linear + 4.0 * per_row / ATTENTION_SPAN) - linear) * ATTENTION_SPAN / 2.0
     return max(1, int(width))
+
+
+def rows_per_chunk(allowance: int, rows: int, past: int) -> int:
+    """How many of `rows` prompt rows (at most `past` tokens in) one chunk advances: as many as
+    the allowance gives `MIN_ROW_WIDTH` tokens each, at least one."""
+    return max(1, min(rows, allowance // chunk_cost(1, MIN_ROW_WIDTH, past)))
 
 
 def chunk_cost(rows: int, width: int, past: int) -> int:

@@ -9,9 +9,7 @@ row of a spread chunk is cancelled half-way.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from torch import Tensor
@@ -19,15 +17,18 @@ from torch import Tensor
 from service.engine.budget import (
     IDLE_BUDGET_FACTOR,
     MIN_CHUNK_UNITS,
+    MIN_ROW_WIDTH,
     StepBudget,
     chunk_cost,
     chunk_width,
     plan_chunk,
+    rows_per_chunk,
 )
 from service.engine.catalog import ModelCatalog
 from service.engine.core import EngineCore, Job
 from service.engine.engine import load_models
 from service.engine.errors import EngineError
+from service.engine.runner import ModelRunner, PassRows
 from service.engine.types import (
     GenerationRequest,
     GenerationResult,
@@ -35,7 +36,8 @@ from service.engine.types import (
     ScoreResult,
     ScoringRequest,
 )
-from service.model.transformer import Stages, Transformer
+from service.model.paged_cache import PagedRows
+from service.model.transformer import Stages
 from tests.conftest import TinyCheckpointFactory
 
 
@@ -108,16 +110,13 @@ def tight_and_whole_runs(
     directory: Path,
     jobs: list[GenerationRequest | ScoringRequest],
     cancel_at: tuple[int, int] | None = None,
-    prepare: Callable[[Transformer], None] | None = None,
 ) -> tuple[dict[int, object], dict[int, object], dict[int, int], dict[int, int]]:
     """Every job's final item on a core with a time rule that allows one unit a step, and on one that
     reads every prompt in one pass; and the step at which each job ended, in each. Job 0 (a
     stream) starts first, the others one step apart; `cancel_at` = (job, step) cancels that job
-    at that step of the tight run; `prepare` is applied to the tight run's model."""
+    at that step of the tight run."""
     models = load_models([directory], device="cpu", dtype="float32")
     reference = load_models([directory], device="cpu", dtype="float32")
-    if prepare is not None:
-        prepare(models[0].model)
     catalog = ModelCatalog([served.spec for served in models])
 
     def run(core: EngineCore, cancel: tuple[int, int] | None) -> tuple[dict[int, object], dict[int, int]]:
@@ -203,36 +202,46 @@ def test_cancelling_a_row_of_a_spread_chunk_leaves_the_other_rows_exact(four_lay
 
 
 def test_a_fault_half_way_through_a_spread_chunk_reruns_its_rows_alone_and_they_stay_exact(
-    four_layers: Path,
+    four_layers: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every chunk two prompts share raises after its first layer, as a kernel failure would: the
-    rows are rerun alone from their untouched caches and generate what they do in one pass."""
+    """Every spread chunk raises after its first layer, as a kernel failure would: its rows are
+    rerun alone (in one pass each) from their untouched caches and generate what they do in one
+    pass. (A chunk is spread only when even the narrowest costs more than the step's allowance,
+    which then buys one row: `rows_per_chunk`.)"""
     jobs: list[GenerationRequest | ScoringRequest] = [
         generation(0, (256, 1, 2, 3), stream=True),
         generation(1, tuple(range(1, 110))),
         *(generation(key, prompt) for key, prompt in enumerate(LONG_PROMPTS, 2)),
     ]
     faults: list[int] = []
+    original = ModelRunner.stages
 
-    def plant(model: Transformer) -> None:
-        original = model.forward_stages
+    def faulty(runner: ModelRunner, rows: PassRows, view: PagedRows) -> Stages[Tensor] | None:
+        stages = original(runner, rows, view)
+        if stages is None:
+            return None
 
-        def faulty(tokens: Tensor, **options: Any) -> Stages[Tensor]:
-            stages = original(tokens, **options)
-            if tokens.shape[0] < 2 or tokens.shape[1] < 2:  # only chunks of several rows
-                return stages
+        def failing() -> Stages[Tensor]:
+            next(stages)  # the first layer runs and writes its entries
+            yield
+            faults.append(len(rows))
+            raise RuntimeError("planted fault")
 
-            def failing() -> Stages[Tensor]:
-                next(stages)  # the first layer runs and writes its entries
-                yield
-                faults.append(tokens.shape[0])
-                raise RuntimeError("planted fault")
+        return failing()
 
-            return failing()
-
-        model.forward_stages = faulty  # type: ignore[method-assign]
-
-    tight, whole, _, _ = tight_and_whole_runs(four_layers, jobs, prepare=plant)
-    assert faults and set(faults) == {2}
+    monkeypatch.setattr(ModelRunner, "stages", faulty)
+    tight, whole, _, _ = tight_and_whole_runs(four_layers, jobs)
+    assert faults and set(faults) == {1}
     for key in range(4):
         assert_same_generations(tight[key], whole[key])
+
+
+def test_a_chunk_takes_the_rows_its_allowance_gives_a_useful_width() -> None:
+    """Deep in long prompts, an allowance spread over every row would give each a few tokens, and
+    each row's pass still reads its whole window: the chunk takes the first rows instead."""
+    assert rows_per_chunk(1536, 15, past=0) == 15  # short contexts: every row, each wide enough
+    deep = rows_per_chunk(1536, 15, past=10_000)
+    assert 1 <= deep < 15
+    assert chunk_width(1536, deep, 10_000) >= MIN_ROW_WIDTH
+    assert rows_per_chunk(16, 15, past=10_000) == 1  # whatever the allowance, one row advances
+    assert rows_per_chunk(10**9, 3, past=10_000) == 3
