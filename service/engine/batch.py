@@ -4,11 +4,11 @@ decoding, and what each step runs of them.
 Every sequence owns blocks of the model's KV pool (`service.model.paged_cache`) from admission to
 exit, so rows moving between the groups, joining or leaving copy nothing. A decode pass runs every
 decoding row, each row with its own RoPE scaling and attention rule. A prefill chunk advances the
-oldest prefilling rows the step's token budget gives a useful width, by one width of prompt tokens
-(rows of different prompt lengths and progress share the pass; a row with fewer tokens left is
-padded; the others wait their turn), so a long prompt is read a slice per step between decode
-passes instead of stalling them. A row whose
-prompt is complete moves to the decoding group with its first token's logits.
+prefilling rows with the least prompt left, as many as the step's token budget gives a useful
+width, by one width of prompt tokens (rows of different prompt lengths and progress share the
+pass; a row with fewer tokens left is padded; the others wait their turn), so a long prompt is read
+a slice per step between decode passes instead of stalling them, and a short one is not held
+behind it. A row whose prompt is complete moves to the decoding group with its first token's logits.
 
 The passes themselves are the runner's (`service.engine.runner.ModelRunner`): which backend
 takes them, and how a failed pass is rerun row by row so that failures stay with their row.
@@ -185,28 +185,29 @@ class ModelBatch:
         return prefix_keys(root, request.prompt_tokens, self.pool.block_size)
 
     def prefill_chunk(self, budget: int) -> tuple[StepOutcome, int]:
-        """Advance the first prefilling rows by a chunk that fits `budget` units (`plan_chunk`).
+        """Advance prefilling rows by a chunk that fits `budget` units (`plan_chunk`).
 
-        The rows are the oldest the budget gives a useful width (`rows_per_chunk`); the others wait,
-        first come first served. Rows take the same width; a row with fewer prompt tokens left is
-        padded to it, so that one row close to the end of its prompt never slows the others down to
-        its pace. When even the smallest chunk costs more than the budget (a few tokens deep in a
-        long context still read every cached key), its pass is spread over steps, a few layers
-        each, and the rows advance when the last layer is done; rows that join meanwhile wait for
-        the next chunk. Returns the rows whose prompt is now complete, with their next-token logits
-        (they move to the decoding group in `retain`, unless that first token finished them), the
-        rows that failed, and what the step took from the budget.
+        The rows are those with the least prompt left (the oldest first among equals), as many as
+        the budget gives a useful width (`rows_per_chunk`); the others wait. Rows take the same
+        width; a row with fewer prompt tokens left is padded to it, so that one row close to the
+        end of its prompt never slows the others down to its pace. When even the smallest chunk
+        costs more than the budget (a few tokens deep in a long context still read every cached
+        key), its pass is spread over steps, a few layers each, and the rows advance when the last
+        layer is done; rows that join meanwhile wait for the next chunk. Returns the rows whose
+        prompt is now complete, with their next-token logits (they move to the decoding group in
+        `retain`, unless that first token finished them), the rows that failed, and what the step
+        took from the budget.
         """
         if self._spread is not None:
             return self._continue_spread()
         group = self._prefilling
-        past = max(sequence.prefilled for sequence in group.sequences)
-        taken = rows_per_chunk(budget, len(group), past)
-        sequences, rows = group.sequences[:taken], group.rows[:taken]
-        view = group.view if taken == len(group) else PagedRows(self.pool, rows)
+        order = sorted(range(len(group)), key=lambda row: group.sequences[row].prompt_remaining)
+        taken = order[: rows_per_chunk(budget, [group.sequences[row].prefilled for row in order])]
+        sequences, rows = [group.sequences[row] for row in taken], [group.rows[row] for row in taken]
+        view = group.view if taken == list(range(len(group))) else PagedRows(self.pool, rows)
         past = max(sequence.prefilled for sequence in sequences)
         longest = max(sequence.prompt_remaining for sequence in sequences)
-        plan = plan_chunk(budget, taken, past, longest, self.model.config.n_layers)
+        plan = plan_chunk(budget, len(taken), past, longest, self.model.config.n_layers)
         counts = [min(plan.width, sequence.prompt_remaining) for sequence in sequences]
         chunks = [
             sequence.next_prompt_chunk(count) + (_PAD,) * (plan.width - count)

@@ -23,6 +23,7 @@ applies, only `IDLE_BUDGET_FACTOR` times it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 ATTENTION_SPAN = 1024
@@ -46,7 +47,8 @@ MIN_CHUNK_UNITS = 16
 # their whole windows many times over. Fifteen 12,288-token prompts of SmolLM2 under Self-Extend
 # sent at once (the pool admits eight), each advanced a few tokens per pass: eight answered in 26
 # minutes (tests ran beside part of it). Rows beyond what the budget buys at this width wait their
-# turn, first come first served (`rows_per_chunk`): all fifteen in 13.5 minutes (one alone: 50 s).
+# turn (`rows_per_chunk`), the rows with the least prompt left first: all fifteen in 13.5 minutes
+# (one alone: 50 s), and a short prompt is not held behind a long one.
 MIN_ROW_WIDTH = 64
 # Weight of the latest chunk's speed in the running estimate: recent steps, close in context length.
 SPEED_SMOOTHING = 0.5
@@ -61,10 +63,13 @@ def chunk_width(budget: int, rows: int, past: int) -> int:
     return max(1, int(width))
 
 
-def rows_per_chunk(allowance: int, rows: int, past: int) -> int:
-    """How many of `rows` prompt rows (at most `past` tokens in) one chunk advances: as many as
-    the allowance gives `MIN_ROW_WIDTH` tokens each, at least one."""
-    return max(1, min(rows, allowance // chunk_cost(1, MIN_ROW_WIDTH, past)))
+def rows_per_chunk(allowance: int, pasts: Sequence[int]) -> int:
+    """How many prompt rows, in the order of their cached lengths `pasts`, one chunk advances: as
+    many as the allowance gives `MIN_ROW_WIDTH` tokens each, at least one."""
+    taken = 1
+    while taken < len(pasts) and chunk_cost(taken + 1, MIN_ROW_WIDTH, max(pasts[: taken + 1])) <= allowance:
+        taken += 1
+    return taken
 
 
 def chunk_cost(rows: int, width: int, past: int) -> int:

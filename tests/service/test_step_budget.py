@@ -175,6 +175,22 @@ def test_prompts_spread_over_steps_beside_a_stream_generate_what_one_pass_does(f
     assert whole_ended[2] <= 2 + 13 and tight_ended[2] > whole_ended[2] + 40
 
 
+def test_a_short_prompt_is_not_held_behind_a_long_one(four_layers: Path) -> None:
+    """Beside a stream, a step buys one row's chunk; a short prompt that arrives while a long one is
+    being read takes the next chunk (the row with the least prompt left goes first), so it is
+    answered before the long prompt, and both generate what one pass does."""
+    jobs: list[GenerationRequest | ScoringRequest] = [
+        generation(0, (256, 1, 2, 3), stream=True),
+        generation(1, LONG_PROMPTS[1]),
+        generation(2, (9, 8, 7)),
+    ]
+    tight, whole, tight_ended, _ = tight_and_whole_runs(four_layers, jobs)
+    for key in (1, 2):
+        assert_same_generations(tight[key], whole[key])
+    # First come first served, the short one ended at step 28, after the long one (24).
+    assert tight_ended[2] < tight_ended[1]
+
+
 def test_a_document_spread_over_steps_scores_what_one_pass_does(four_layers: Path) -> None:
     document = ScoringRequest("doc", "budgeted", tuple((3 * i) % 256 for i in range(150)))
     tight, whole, _, _ = tight_and_whole_runs(four_layers, [generation(0, (256, 7), stream=True), document])
@@ -239,9 +255,11 @@ def test_a_fault_half_way_through_a_spread_chunk_reruns_its_rows_alone_and_they_
 def test_a_chunk_takes_the_rows_its_allowance_gives_a_useful_width() -> None:
     """Deep in long prompts, an allowance spread over every row would give each a few tokens, and
     each row's pass still reads its whole window: the chunk takes the first rows instead."""
-    assert rows_per_chunk(1536, 15, past=0) == 15  # short contexts: every row, each wide enough
-    deep = rows_per_chunk(1536, 15, past=10_000)
+    assert rows_per_chunk(1536, [0] * 15) == 15  # short contexts: every row, each wide enough
+    deep = rows_per_chunk(1536, [10_000] * 15)
     assert 1 <= deep < 15
     assert chunk_width(1536, deep, 10_000) >= MIN_ROW_WIDTH
-    assert rows_per_chunk(16, 15, past=10_000) == 1  # whatever the allowance, one row advances
-    assert rows_per_chunk(10**9, 3, past=10_000) == 3
+    assert rows_per_chunk(16, [10_000] * 15) == 1  # whatever the allowance, one row advances
+    assert rows_per_chunk(10**9, [10_000] * 3) == 3
+    # Rows are priced by the deepest row they take: shallow rows first, then the deep one alone.
+    assert rows_per_chunk(1536, [0, 0, 10_000]) == 2
