@@ -314,6 +314,12 @@ def _lender(head: tuple[int, int] | None) -> list[int]:
     return [head[0]] if head else []
 
 
+def _run_start(blocks: Sequence[int]) -> int | None:
+    """The first of `blocks` when they follow each other in the pool, else None."""
+    consecutive = bool(blocks) and list(blocks) == list(range(blocks[0], blocks[0] + len(blocks)))
+    return blocks[0] if consecutive else None
+
+
 def prefix_keys(root: Hashable, tokens: Sequence[int], block_size: int = BLOCK_SIZE) -> list[bytes]:
     """The chain keys of the whole blocks of `tokens`: block i's key covers `root` (what else the
     entries depend on: the scaling and its table) and every token up to the end of block i."""
@@ -348,11 +354,11 @@ class PagedRows:
         )
         self._write: tuple[Tensor, Tensor] | None = None
         self._window = 0
-        # A lone row whose blocks follow each other in the pool (the usual case: the free list
-        # hands out runs) has its window as a view of the pool, with nothing to gather.
-        blocks = self.rows[0].blocks if len(self.rows) == 1 else []
-        consecutive = bool(blocks) and blocks == list(range(blocks[0], blocks[0] + len(blocks)))
-        self._run_start = blocks[0] if consecutive else None
+        # A row whose blocks follow each other in the pool (the usual case: the free list hands out
+        # runs) has its window as a view of the pool, with nothing to gather: a lone row's always,
+        # a rule row's in any pass (`_row_window`). Its first block, else None.
+        self._run_starts = [_run_start(row.blocks) for row in self.rows]
+        self._run_start = self._run_starts[0] if len(self.rows) == 1 else None
 
     @property
     def lengths(self) -> list[int]:
@@ -430,18 +436,21 @@ class PagedRows:
             for pool_pages, new in zip(pages, (keys, values), strict=True):
                 pool_pages[:, blocks, offsets] = new.transpose(0, 1)  # [Hkv, B, T, hd]
         if all(row.turned is not None for row in self.rows):
-            windows = [self._row_window(layer, pages, row, row.length + keys.shape[2]) for row in self.rows]
+            windows = [
+                self._row_window(layer, pages, index, row.length + keys.shape[2])
+                for index, row in enumerate(self.rows)
+            ]
             return [keys for keys, _ in windows], [values for _, values in windows]
         return self._gather(pages[0]), self._gather(pages[1])
 
     def _row_window(
-        self, layer: int, pages: tuple[Tensor, Tensor], row: PagedRow, window: int
+        self, layer: int, pages: tuple[Tensor, Tensor], index: int, window: int
     ) -> tuple[Tensor, Tensor]:
-        """One row's first `window` slots `[Hkv, window, hd]`: a view of the pool where its blocks
-        follow each other and hold the window, else its `WindowCopy`."""
+        """Row `index`'s first `window` slots `[Hkv, window, hd]`: a view of the pool where its
+        blocks follow each other and hold the window, else its `WindowCopy`."""
         size = self.pool.block_size
-        start = row.blocks[0]
-        if window <= len(row.blocks) * size and row.blocks == list(range(start, start + len(row.blocks))):
+        row, start = self.rows[index], self._run_starts[index]
+        if start is not None and window <= len(row.blocks) * size:
             run = [page[:, start : start + len(row.blocks)].flatten(1, 2)[:, :window] for page in pages]
             return run[0], run[1]
         if row.copy is None:
