@@ -96,10 +96,11 @@ class ModelRunner:
 
     def run(self, rows: PassRows, view: PagedRows, *, decode: bool) -> PassResult:
         """One pass over `rows` (`view` is them behind the cache interface): one token per row
-        when `decode`, else a prompt chunk. Rows with an attention rule run on the model's own
-        layers, which place each row's keys by its rule (`service.model.rule_attention`); the
-        others where they would run alone, in a pass of their own beside them."""
-        ruled = [row for row, rule in enumerate(rows.rules) if rule is not None]
+        when `decode`, else a prompt chunk. Rows with an attention rule the fast decoder does not
+        take (`FastDecoder.decodes_under`) run on the model's own layers, which place each row's
+        keys by its rule (`service.model.rule_attention`); the others where they would run alone,
+        in a pass of their own beside them."""
+        ruled = [row for row, rule in enumerate(rows.rules) if not self._fast_takes(rule, decode)]
         if self.fast is None or not ruled or len(ruled) == len(rows):
             return self._run(rows, view, decode=decode)
         plain = [row for row in range(len(rows)) if row not in ruled]
@@ -139,12 +140,13 @@ class ModelRunner:
 
     def _run(self, rows: PassRows, view: PagedRows, *, decode: bool) -> PassResult:
         """One pass; if it raises, each row alone from its untouched state. The fast decoder
-        takes it only when no row has an attention rule."""
+        takes it when it takes every row's rule (`_fast_takes`)."""
         failed = self._refresh(rows, view)
-        decoder = self.fast if rows.any_rule is None and not failed else None
+        takes = all(self._fast_takes(rule, decode) for rule in rows.rules)
+        decoder = self.fast if takes and not failed else None
         try:
             if decode and decoder is not None and decoder.covers(view.lengths):
-                logits = decoder.decode(view, [chunk[0] for chunk in rows.chunks], rows.scalings)
+                logits = decoder.decode(view, [chunk[0] for chunk in rows.chunks], rows.scalings, rows.rules)
             elif not decode and decoder is not None and decoder.prefills(view.lengths, rows.counts):
                 logits = decoder.prefill(view, rows.chunks, rows.counts, rows.scalings, rows.table_lengths)
             else:
@@ -154,6 +156,13 @@ class ModelRunner:
             return self.run_alone(rows, failed)
         ran = [row for row in range(len(rows)) if row not in failed]
         return PassResult(ran, logits if len(ran) == len(rows) else logits[ran], failed)
+
+    def _fast_takes(self, rule: AttentionRule | None, decode: bool) -> bool:
+        """Whether the fast decoder runs a row under `rule`: a row without one, and in a decode
+        pass a rule it decodes (a streaming row in C)."""
+        if rule is None:
+            return True
+        return decode and self.fast is not None and self.fast.decodes_under(rule)
 
     def _refresh(self, rows: PassRows, view: PagedRows) -> dict[int, Exception]:
         """Recompute rows whose table changed; a row whose recomputation raises fails alone."""

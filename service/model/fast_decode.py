@@ -40,6 +40,7 @@ from torch import Tensor
 
 from pe_runtime import RopeScaling
 from service.model.attention import PagedStep
+from service.model.attention_rules import AttentionRule
 from service.model.backend import Backend
 from service.model.cuda_graphs import GraphedPass
 from service.model.kernels import batch_pass
@@ -49,6 +50,7 @@ from service.model.paged_cache import PagedKVCache, PagedRows
 from service.model.positional import PassInputs, PassTables, PositionalInputs, StepPositions, step_positions
 from service.model.quantized import Int4Linear, Int8Linear
 from service.model.spec import C_SUPPORT, TORCH_STEP_SUPPORT, BlockSpec
+from service.model.streaming_rows import StreamingSlots, decodes_in_c, streaming_slots
 from service.model.transformer import Block, Transformer
 
 logger = logging.getLogger("service.model.fast_decode")
@@ -216,9 +218,20 @@ class FastDecoder:
         )
         return self.compile_seconds
 
-    def decode(self, rows: PagedRows, tokens: Sequence[int], scalings: Sequence[RopeScaling]) -> Tensor:
-        """Logits float32 [B, V] for one token per row; advances the rows once it succeeded."""
-        return self._step_rows(rows, tokens, scalings, [length + 1 for length in rows.lengths])
+    def decodes_under(self, rule: AttentionRule | None) -> bool:
+        """Whether a row under `rule` decodes here: in C, a streaming row too (`streaming_rows`)."""
+        return rule is None or (self.c_pass is not None and decodes_in_c(rule, self.model.config))
+
+    def decode(
+        self,
+        rows: PagedRows,
+        tokens: Sequence[int],
+        scalings: Sequence[RopeScaling],
+        rules: Sequence[AttentionRule | None] = (),
+    ) -> Tensor:
+        """Logits float32 [B, V] for one token per row, each under its rule (`decodes_under`);
+        advances the rows once it succeeded."""
+        return self._step_rows(rows, tokens, scalings, [length + 1 for length in rows.lengths], rules)
 
     def _step_rows(
         self,
@@ -226,14 +239,21 @@ class FastDecoder:
         tokens: Sequence[int],
         scalings: Sequence[RopeScaling],
         table_lengths: Sequence[int],
+        rules: Sequence[AttentionRule | None] = (),
     ) -> Tensor:
-        """One token per row, read with the tables for `table_lengths`: logits float32 [B, V]."""
+        """One token per row, read with the tables for `table_lengths`: logits float32 [B, V]. A
+        streaming row's slots and text indices part once it gave back blocks (`text_offsets`):
+        its tables are read at its text index, its pool at its slot."""
         lengths = rows.lengths
         window = self.window_for(lengths)
         blocks = rows.window_blocks(window // self.pool.block_size)
         keys = self._table_keys(scalings, table_lengths)
+        streaming = (
+            streaming_slots(rows, rules, scalings, table_lengths, self.model.config) if rules else None
+        )
+        texts = [length + offset for length, offset in zip(lengths, rows.text_offsets, strict=True)]
         rows.place(1)
-        logits = self._run(blocks, tokens, lengths, scalings, table_lengths, keys, window)
+        logits = self._run(blocks, tokens, texts, scalings, table_lengths, keys, window, lengths, streaming)
         rows.advance(torch.tensor(list(tokens))[:, None], keys)
         return logits
 
@@ -376,8 +396,16 @@ class FastDecoder:
         table_lengths: Sequence[int],
         table_keys: Sequence[Hashable],
         window: int,
+        slots: Sequence[int] | None = None,
+        streaming: StreamingSlots | None = None,
     ) -> Tensor:
-        tables = self._step_tables(scalings, table_lengths, table_keys, window)
+        """One token per row at text index `positions` (its tables' index), written at its slot
+        (`slots`; where None, the same): logits float32 [B, V]. Only the C pass reads a row whose
+        slot is not its text index, or `streaming`."""
+        slots = positions if slots is None else slots
+        table_window = self.window_for(positions) if slots != positions else window
+        tables = self._step_tables(scalings, table_lengths, table_keys, table_window)
+        assert self.c_pass is not None or (streaming is None and slots == positions), "C reads streaming rows"
         with torch.inference_mode():
             if self.graphs is not None:
                 return self.graphs(list(tokens), list(positions), window_blocks, tables)
@@ -388,17 +416,39 @@ class FastDecoder:
                 *tables,
             )
             if self.c_pass is not None:
-                return self._run_in_c(inputs)
+                return self._run_in_c(inputs, slots=torch.tensor(list(slots)), streaming=streaming)
             return self._torch_step(inputs)
 
-    def _run_in_c(self, inputs: PassInputs, *, logits: bool = True, runs: Sequence[int] = ()) -> Tensor:
+    def _run_in_c(
+        self,
+        inputs: PassInputs,
+        *,
+        logits: bool = True,
+        runs: Sequence[int] = (),
+        slots: Tensor | None = None,
+        streaming: StreamingSlots | None = None,
+    ) -> Tensor:
         """The step in C, after the torch step's own prelude (embedding, tables, bias): logits
         [B, V], or with `logits=False` the final residual [B, D] before the model's last norm.
-        `runs`: a prompt chunk's rows per sequence (`BatchPass`)."""
+        `runs`: a prompt chunk's rows per sequence (`BatchPass`). `slots`: where each row's entry
+        goes, where that is not its text index (`inputs.positions`); `streaming`: its rows'
+        masked slots and sinks."""
         assert self.c_pass is not None
         hidden, step = pass_prelude(self.model, inputs, self.pool.key_positions)
-        blocks, positions = inputs.window_blocks, inputs.positions
-        return self.c_pass(hidden, step.rope, step.bias, blocks, positions, logits=logits, runs=runs)
+        blocks = inputs.window_blocks
+        positions = inputs.positions if slots is None else slots
+        masked, sinks = streaming if streaming is not None else (None, None)
+        return self.c_pass(
+            hidden,
+            step.rope,
+            step.bias,
+            blocks,
+            positions,
+            logits=logits,
+            runs=runs,
+            masked=masked,
+            sinks=sinks,
+        )
 
     def _torch_step(self, inputs: PassInputs) -> Tensor:
         """The torch step, compiled or not. Batch size and table count vary without recompiling

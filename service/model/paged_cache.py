@@ -407,6 +407,12 @@ class PagedRows:
         table = self.window_blocks(math.ceil(self._window / size))
         return self.pool.key_positions[table].flatten(1)[:, : self._window]
 
+    def recorded_positions(self, row: int) -> Tensor:
+        """The positions the pool records for one row's entries `[length]`, in slot order."""
+        entry = self.rows[row]
+        blocks = torch.tensor(entry.blocks, dtype=torch.long, device=self.block_table.device)
+        return self.pool.key_positions[blocks].flatten()[: entry.length]
+
     def slots(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """Block and offset of each row's `positions` [B, T]; past its blocks, the scratch block."""
         size = self.pool.block_size

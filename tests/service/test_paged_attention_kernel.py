@@ -117,3 +117,30 @@ def test_indices_out_of_bounds_are_refused_before_the_kernel_runs(
     with pytest.raises(ValueError, match=message):
         paged_decode_attention(*spoil(inputs), None, 1.0)
     assert torch.equal(pools[0], inputs.key_pages) and torch.equal(pools[1], inputs.value_pages)
+
+
+@pytest.mark.parametrize("head_dim", [8, 64], ids=["scalar", "vector"])
+def test_masked_slots_read_as_a_minus_infinity_bias(head_dim: int) -> None:
+    """A row's masked slots [first, last) (a streaming row's entries between its sinks and its
+    window) weigh nothing, as under a bias of −inf there; ranges inside a block, across blocks and
+    empty ones."""
+    inputs, _ = case(head_dim, 2, bias=False)
+    masked = torch.tensor([[0, 0], [3, 9], [4, 16], [2, 30], [10, 63]])  # per row of POSITIONS
+    heads, window = inputs.queries.shape[1], WINDOW_BLOCKS * BLOCK
+    slots = torch.arange(window)
+    hidden = (slots[None] >= masked[:, :1]) & (slots[None] < masked[:, 1:])  # [B, W]
+    bias = torch.zeros(len(POSITIONS), heads, window).masked_fill(hidden[:, None], float("-inf"))
+    scale = head_dim**-0.5
+    out = paged_decode_attention(*copied(inputs), None, scale, masked)
+    expected = reference_paged_decode_attention(*copied(inputs), bias, scale)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    unmasked = paged_decode_attention(*copied(inputs), None, scale)
+    assert (out - unmasked).abs().max() > 1e-3, "the masks must change what the rows read"
+
+
+def test_a_mask_over_a_rows_own_newest_key_is_refused() -> None:
+    inputs, _ = case(32, 1, bias=False)
+    masked = torch.zeros(len(POSITIONS), 2, dtype=torch.long)
+    masked[2] = torch.tensor([0, POSITIONS[2] + 1])
+    with pytest.raises(ValueError, match="own newest key"):
+        paged_decode_attention(*copied(inputs), None, 1.0, masked)

@@ -12,6 +12,10 @@
  *   hidden       [B, D]      the embedded tokens (scaled, absolute positions added); overwritten
  *   rope_cos/sin [B, R]      each row's rotary tables at its position, or NULL (no rotation)
  *   bias         [B, H, W]   added to the attention scores (ALiBi, T5), or NULL
+ *   masked       [B, 2]      each row's slots [first, last) it does not attend to, or NULL
+ *   sinks        [B]         how many of each row's first slots its query reads turned back by
+ *                            `sink_turn` [B, 2, R] (unit cos, then sin), or NULL: a streaming
+ *                            row's sinks, which it reads from where its rule puts it
  *   layers       per layer `LAYER_TENSORS` pointers (the enum below): the norms' weights [D] and
  *                biases, qkv (packed, N = (H + 2 Hkv) hd), the q/k norms [hd], o_proj (N = D), up
  *                (N = 2 F gated, else F) and down (N = D), each packed matrix with its scales (NULL
@@ -102,24 +106,6 @@ static void residual_norm_rows(float *restrict hidden, const float *restrict add
     }
 }
 
-/* Rotate the first `rotary_dim` channels of one head: x * cos + quarter_turn(x) * sin, where the
- * quarter turn maps each channel pair (a, b) to (-b, a); pairs are (c, c + R/2) in the neox
- * layout and (2i, 2i + 1) when `interleaved`. */
-static void rotate_head(float *restrict x, const float *restrict cos, const float *restrict sin,
-                        int64_t rotary_dim, int64_t interleaved) {
-    float original[MAX_HEAD_DIM];
-    memcpy(original, x, (size_t)rotary_dim * sizeof(float));
-    int64_t half = rotary_dim / 2;
-    for (int64_t c = 0; c < rotary_dim; c++) {
-        float turned;
-        if (interleaved)
-            turned = c % 2 ? original[c - 1] : -original[c + 1];
-        else
-            turned = c < half ? -original[c + half] : original[c - half];
-        x[c] = original[c] * cos[c] + turned * sin[c];
-    }
-}
-
 /* Each row's queries and keys as attention reads them: every head through its q/k norm (Qwen3;
  * none where `q_norm` is NULL), then rotated (none where `rope_cos` is NULL). */
 static void place_heads(float *qkv, const float *q_norm, const float *k_norm, const float *rope_cos,
@@ -193,8 +179,8 @@ static void activation_rows(const float *restrict projected, float *restrict out
     }
 }
 
-void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, const float *bias,
-                const void *const *layers, float *const *key_pages, float *const *value_pages,
+void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, const float *bias, const int64_t *masked,
+                const int64_t *sinks, const float *sink_turn, const void *const *layers, float *const *key_pages, float *const *value_pages,
                 const int64_t *window_blocks, const int64_t *positions, const float *final_norm,
                 const float *final_norm_bias, const void *lm_head, const float *lm_head_scales,
                 const float *lm_head_bias, float *logits, float *workspace, int64_t batch, int64_t n_layers,
@@ -213,7 +199,7 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
     float *widened = scores + kernel_thread_count * blocks_per_row * block_size; /* see packed_linear_shared */
     float *quantized = widened + kernel_thread_count * widest_input(d_model, heads, head_dim, ffn) * PANEL;
     float scale = 1.0f / sqrtf((float)head_dim);
-    int tiled = runs > 0 && !bias && chunk_tiles_fit(heads, kv_heads, head_dim, block_size);
+    int tiled = runs > 0 && !bias && !masked && !sinks && chunk_tiles_fit(heads, kv_heads, head_dim, block_size);
     /* A sequential block adds the attention's output before the MLP's norm; a parallel one keeps it
      * in `attention_out` and adds it with the MLP's at the next layer's norm. */
     int sequential = residual == RESIDUAL_SEQUENTIAL;
@@ -242,8 +228,9 @@ void batch_pass(float *hidden, const float *rope_cos, const float *rope_sin, con
                                        num_blocks, block_size, blocks_per_row, run_ends, runs, scale);
             } else {
                 paged_attention_shared(qkv, keys, values, key_pages[l], value_pages[l], window_blocks, positions,
-                                       bias, attended, scores, qkv_width, qkv_width, qkv_width, batch, heads,
-                                       kv_heads, head_dim, num_blocks, block_size, blocks_per_row, scale);
+                                       bias, masked, sinks, sink_turn, rotary_dim, interleaved, attended, scores,
+                                       qkv_width, qkv_width, qkv_width, batch, heads, kv_heads, head_dim, num_blocks,
+                                       block_size, blocks_per_row, scale);
             }
             float *o_out = sequential ? projected : attention_out;
             packed_linear_shared(attended, attended_width, w[O_PROJ], w[O_SCALES], (int)f[1], w[O_BIAS], o_out, batch,

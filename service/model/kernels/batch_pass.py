@@ -22,7 +22,7 @@ from torch import Tensor
 from service.model.config import ModelConfig
 from service.model.kernels.build import kernel_function, ordered, use_threads
 from service.model.kernels.packed_linear import Panels, check_panels, packed_linear
-from service.model.kernels.paged_attention import MAX_HEAD_DIM, check_rows
+from service.model.kernels.paged_attention import MAX_HEAD_DIM, check_masked, check_rows
 from service.model.spec import C_SUPPORT, BlockSpec
 
 _SOURCE = Path(__file__).with_name("batch_pass.c")
@@ -170,9 +170,15 @@ class BatchPass:
         *,
         logits: bool = True,
         runs: Sequence[int] = (),
+        masked: Tensor | None = None,
+        sinks: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """Logits float32 [B, V] from the embedded rows `hidden` [B, D], each row's rotary tables
-        at its position ([B, rotary_dim] each) and the scores' bias [B, H, W]. With `logits=False`
+        at its position ([B, rotary_dim] each) and the scores' bias [B, H, W]. `masked` [B, 2]:
+        each row's slots [first, last) that it does not attend to (a streaming row's entries
+        between its sinks and its window), for a pass without `runs`. `sinks`: how many of each
+        row's first slots [B] its query reads turned back by a turn [B, 2, rotary_dim] (unit cos,
+        then sin): where a streaming row's rule puts its query for its sinks. With `logits=False`
         the pass stops before the output layer (a vocabulary of no entries) and returns the final
         residual [B, D], the layers' output the kernel leaves in the rows it was given.
 
@@ -192,6 +198,14 @@ class BatchPass:
         window_blocks, positions = (t.to(torch.int64).contiguous() for t in (window_blocks, positions))
         check_rows(window_blocks, positions, num_blocks=self._num_blocks, block_size=self._block_size)
         run_ends = check_runs(runs, window_blocks, positions)
+        if masked is not None and runs:
+            raise ValueError("masked slots are for passes attended row by row, not prompt chunks in runs")
+        masked = check_masked(masked, positions) if masked is not None else None
+        if sinks is not None and (rope is None or runs):
+            raise ValueError("sinks turn a rotated query, one per row: a pass with rotary tables and no runs")
+        sink_counts, sink_turn = (
+            (None, None) if sinks is None else _sink_inputs(sinks, positions, config.rotary_dim)
+        )
         if hidden.shape != (batch, config.d_model):
             raise ValueError(f"hidden is {tuple(hidden.shape)}, not ({batch}, {config.d_model})")
         if rope is not None and any(table.shape != (batch, config.rotary_dim) for table in rope):
@@ -209,6 +223,9 @@ class BatchPass:
             "rope_cos": cos.data_ptr() if cos is not None else None,
             "rope_sin": sin.data_ptr() if sin is not None else None,
             "bias": bias.data_ptr() if bias is not None else None,
+            "masked": masked.data_ptr() if masked is not None else None,
+            "sinks": sink_counts.data_ptr() if sink_counts is not None else None,
+            "sink_turn": sink_turn.data_ptr() if sink_turn is not None else None,
             "layers": self._layers,
             "key_pages": self._key_pages,
             "value_pages": self._value_pages,
@@ -288,6 +305,18 @@ def check_runs(runs: Sequence[int], window_blocks: Tensor, positions: Tensor) ->
     if not bool(((steps == 1) & same_blocks)[inside[1:]].all()):
         raise ValueError("a run's rows are not consecutive positions over the same blocks")
     return ends
+
+
+def _sink_inputs(sinks: tuple[Tensor, Tensor], positions: Tensor, rotary_dim: int) -> tuple[Tensor, Tensor]:
+    """The sink counts (int64 [B]) and turns (float32 [B, 2, R]) as the kernel reads them: no row
+    has more sinks than keys (its entries and the one it writes)."""
+    batch = positions.shape[0]
+    counts, turn = sinks[0].to(torch.int64).contiguous(), _floats(sinks[1])
+    if counts.shape != (batch,) or turn.shape != (batch, 2, rotary_dim):
+        raise ValueError(f"sinks must be ({batch},) counts and a ({batch}, 2, {rotary_dim}) turn")
+    if batch and not bool(((counts >= 0) & (counts <= positions + 1)).all()):
+        raise ValueError("a row has more sinks than keys")
+    return counts, turn
 
 
 def _pointers(tensors: Sequence[Tensor | None]) -> ctypes.Array[ctypes.c_void_p]:

@@ -195,8 +195,8 @@ static void chunk_attention_shared(const float *queries, const float *new_keys, 
             }
             int64_t h = pair % heads, kv = h / group;
             attend_head(queries + b * query_row_stride + h * head_dim, key_pages + kv * head_stride,
-                        value_pages + kv * head_stride, block_table + b * blocks_per_row, positions[b] + 1, NULL,
-                        out + (b * heads + h) * head_dim, scores + (int64_t)omp_get_thread_num() * window,
+                        value_pages + kv * head_stride, block_table + b * blocks_per_row, positions[b] + 1, NULL, NULL,
+                        NULL, 0, out + (b * heads + h) * head_dim, scores + (int64_t)omp_get_thread_num() * window,
                         block_size, head_dim, scale);
             continue;
         }

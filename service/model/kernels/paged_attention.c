@@ -11,6 +11,12 @@
  *   block_table  [B, nb]          each row's blocks in order
  *   positions    [B]              each row's position (its keys before this step)
  *   bias         [B, H, nb * BS] or NULL: added to the scaled scores (ALiBi, T5)
+ *   masked       [B, 2] or NULL: each row's slots [first, last) that it does not attend to (the
+ *                entries a streaming row keeps between its sinks and its window)
+ *   sinks        [B] or NULL: how many of each row's first slots its query reads turned back by
+ *   sink_turn    [B, 2, R] (unit cos, then sin over the first R channels): where a streaming
+ *                row's rule puts its query for its sinks (StreamingLLM: at most S + W), given as
+ *                a turn from its text index
  *   out          [B, H, D]
  *   scores       scratch of threads * nb * BS floats (`kernel_threads`)
  *
@@ -98,14 +104,34 @@ static inline vec16 transpose_sum(vec16 p[LANES]) {
     return fold(two[0], two[1], evens, odds);
 }
 
+/* Rotate the first `rotary_dim` channels of one head: x * cos + quarter_turn(x) * sin, where the
+ * quarter turn maps each channel pair (a, b) to (-b, a); pairs are (c, c + R/2) in the neox
+ * layout and (2i, 2i + 1) when `interleaved`. */
+static void rotate_head(float *restrict x, const float *restrict cos, const float *restrict sin,
+                        int64_t rotary_dim, int64_t interleaved) {
+    float original[MAX_HEAD_DIM];
+    memcpy(original, x, (size_t)rotary_dim * sizeof(float));
+    int64_t half = rotary_dim / 2;
+    for (int64_t c = 0; c < rotary_dim; c++) {
+        float turned;
+        if (interleaved)
+            turned = c % 2 ? original[c - 1] : -original[c + 1];
+        else
+            turned = c < half ? -original[c + half] : original[c - half];
+        x[c] = original[c] * cos[c] + turned * sin[c];
+    }
+}
+
 /* The vector path: 16-key blocks, heads of `head_dim` = a multiple of 16 (a constant where inlined). */
 static inline __attribute__((always_inline)) void attend_head_vec(
     const float *restrict query, const float *restrict key_pages, const float *restrict value_pages,
-    const int64_t *restrict blocks, int64_t length, const float *restrict bias, float *restrict out,
-    float *restrict scores, int64_t head_dim, float scale) {
+    const int64_t *restrict blocks, int64_t length, const float *restrict bias, const int64_t *restrict masked,
+    const float *restrict sink_query, int64_t sinks, float *restrict out, float *restrict scores, int64_t head_dim,
+    float scale) {
     int64_t chunks = head_dim / LANES, block_floats = LANES * head_dim;
-    vec16 q[MAX_HEAD_DIM / LANES];
+    vec16 q[MAX_HEAD_DIM / LANES], qs[MAX_HEAD_DIM / LANES];
     for (int64_t c = 0; c < chunks; c++) q[c] = load16(query + c * LANES) * splat16(scale);
+    for (int64_t c = 0; c < chunks; c++) qs[c] = sinks > 0 ? load16(sink_query + c * LANES) * splat16(scale) : q[c];
     for (int64_t start = 0, j = 0; start < length; start += LANES, j++) {
         const float *keys = key_pages + blocks[j] * block_floats;
         if (start + LANES < length) prefetch_block(key_pages + blocks[j + 1] * block_floats, block_floats);
@@ -116,9 +142,23 @@ static inline __attribute__((always_inline)) void attend_head_vec(
             partial[i] = sum;
         }
         vec16 block_scores = transpose_sum(partial);
+        if (start < sinks) { /* the sinks' scores, against the query where the rule puts it */
+            for (int i = 0; i < LANES; i++) {
+                vec16 sum = qs[0] * load16(keys + i * head_dim);
+                for (int64_t c = 1; c < chunks; c++) sum += qs[c] * load16(keys + i * head_dim + c * LANES);
+                partial[i] = sum;
+            }
+            vec16 sink_scores = transpose_sum(partial);
+            for (int i = 0; i < LANES && start + i < sinks; i++) block_scores[i] = sink_scores[i];
+        }
         if (bias) block_scores += load16(bias + start);
         if (length - start < LANES) { /* keys past the row's length are not its own: mask them */
             for (int i = (int)(length - start); i < LANES; i++) block_scores[i] = -INFINITY;
+        }
+        if (masked && start < masked[1] && start + LANES > masked[0]) {
+            for (int i = 0; i < LANES; i++) {
+                if (start + i >= masked[0] && start + i < masked[1]) block_scores[i] = -INFINITY;
+            }
         }
         store16(scores + start, block_scores);
     }
@@ -151,17 +191,20 @@ static inline __attribute__((always_inline)) void attend_head_vec(
 /* The scalar path: any block size and head size. */
 static void attend_head_scalar(const float *restrict query, const float *restrict key_pages,
                                const float *restrict value_pages, const int64_t *restrict blocks,
-                               int64_t length, const float *restrict bias, float *restrict out,
+                               int64_t length, const float *restrict bias, const int64_t *restrict masked,
+                               const float *restrict sink_query, int64_t sinks, float *restrict out,
                                float *restrict scores, int64_t block_size, int64_t head_dim, float scale) {
     int64_t block_floats = block_size * head_dim;
     for (int64_t start = 0, j = 0; start < length; start += block_size, j++) {
         const float *keys = key_pages + blocks[j] * block_floats;
         int64_t count = length - start < block_size ? length - start : block_size;
         for (int64_t i = 0; i < count; i++) {
+            const float *reader = start + i < sinks ? sink_query : query;
             float s = 0.0f;
-            for (int64_t d = 0; d < head_dim; d++) s += query[d] * keys[i * head_dim + d];
+            for (int64_t d = 0; d < head_dim; d++) s += reader[d] * keys[i * head_dim + d];
             s *= scale;
             if (bias) s += bias[start + i];
+            if (masked && start + i >= masked[0] && start + i < masked[1]) s = -INFINITY;
             scores[start + i] = s;
         }
     }
@@ -177,27 +220,35 @@ static void attend_head_scalar(const float *restrict query, const float *restric
     for (int64_t d = 0; d < head_dim; d++) out[d] *= inverse;
 }
 
+/* `masked`: NULL, or the slots [masked[0], masked[1]) this row does not attend to. Its own
+ * newest key (slot length - 1) is never among them, so every softmax has a key. Its first `sinks`
+ * slots are read by `sink_query` instead of `query`. */
 static void attend_head(const float *query, const float *key_pages, const float *value_pages,
-                        const int64_t *blocks, int64_t length, const float *bias, float *out, float *scores,
-                        int64_t block_size, int64_t head_dim, float scale) {
+                        const int64_t *blocks, int64_t length, const float *bias, const int64_t *masked,
+                        const float *sink_query, int64_t sinks, float *out, float *scores, int64_t block_size,
+                        int64_t head_dim, float scale) {
     if (block_size != LANES || head_dim % LANES || head_dim > MAX_HEAD_DIM) {
-        attend_head_scalar(query, key_pages, value_pages, blocks, length, bias, out, scores, block_size,
-                           head_dim, scale);
+        attend_head_scalar(query, key_pages, value_pages, blocks, length, bias, masked, sink_query, sinks, out,
+                           scores, block_size, head_dim, scale);
         return;
     }
     /* Common head sizes as constants: the chunk loops unroll and the sums stay in registers. */
     switch (head_dim) {
         case 32:
-            attend_head_vec(query, key_pages, value_pages, blocks, length, bias, out, scores, 32, scale);
+            attend_head_vec(query, key_pages, value_pages, blocks, length, bias, masked, sink_query, sinks, out, scores,
+                            32, scale);
             break;
         case 64:
-            attend_head_vec(query, key_pages, value_pages, blocks, length, bias, out, scores, 64, scale);
+            attend_head_vec(query, key_pages, value_pages, blocks, length, bias, masked, sink_query, sinks, out, scores,
+                            64, scale);
             break;
         case 128:
-            attend_head_vec(query, key_pages, value_pages, blocks, length, bias, out, scores, 128, scale);
+            attend_head_vec(query, key_pages, value_pages, blocks, length, bias, masked, sink_query, sinks, out, scores,
+                            128, scale);
             break;
         default:
-            attend_head_vec(query, key_pages, value_pages, blocks, length, bias, out, scores, head_dim, scale);
+            attend_head_vec(query, key_pages, value_pages, blocks, length, bias, masked, sink_query, sinks, out, scores,
+                            head_dim, scale);
     }
 }
 
@@ -228,10 +279,12 @@ static void write_rows_entries(const float *new_keys, const float *new_values, f
 /* Every thread of the running team calls this (see `paged_decode_attention`). */
 static void paged_attention_shared(const float *queries, const float *new_keys, const float *new_values,
                                    float *key_pages, float *value_pages, const int64_t *block_table,
-                                   const int64_t *positions, const float *bias, float *out, float *scores,
-                                   int64_t query_row_stride, int64_t key_row_stride, int64_t value_row_stride,
-                                   int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                                   int64_t num_blocks, int64_t block_size, int64_t blocks_per_row, float scale) {
+                                   const int64_t *positions, const float *bias, const int64_t *masked,
+                                   const int64_t *sinks, const float *sink_turn, int64_t rotary_dim,
+                                   int64_t interleaved, float *out, float *scores, int64_t query_row_stride, int64_t key_row_stride,
+                                   int64_t value_row_stride, int64_t batch, int64_t heads, int64_t kv_heads,
+                                   int64_t head_dim, int64_t num_blocks, int64_t block_size,
+                                   int64_t blocks_per_row, float scale) {
     int64_t head_stride = num_blocks * block_size * head_dim;
     int64_t window = blocks_per_row * block_size;
     int64_t group = heads / kv_heads;
@@ -249,21 +302,30 @@ static void paged_attention_shared(const float *queries, const float *new_keys, 
             prefetch_row_head(key_pages + kv * head_stride, value_pages + kv * head_stride,
                               blocks + blocks_per_row, positions[b + 1] + 1, block_size * head_dim, block_size);
         }
-        attend_head(queries + b * query_row_stride + h * head_dim, key_pages + kv * head_stride,
-                    value_pages + kv * head_stride, blocks, position + 1,
-                    bias ? bias + (b * heads + h) * window : NULL, out + (b * heads + h) * head_dim, own_scores,
-                    block_size, head_dim, scale);
+        const float *query = queries + b * query_row_stride + h * head_dim;
+        int64_t row_sinks = sinks ? sinks[b] : 0;
+        float sink_query[MAX_HEAD_DIM];
+        if (row_sinks > 0) {
+            memcpy(sink_query, query, (size_t)head_dim * sizeof(float));
+            const float *turn = sink_turn + b * 2 * rotary_dim;
+            rotate_head(sink_query, turn, turn + rotary_dim, rotary_dim, interleaved);
+        }
+        attend_head(query, key_pages + kv * head_stride, value_pages + kv * head_stride, blocks, position + 1,
+                    bias ? bias + (b * heads + h) * window : NULL, masked ? masked + 2 * b : NULL,
+                    row_sinks > 0 ? sink_query : NULL, row_sinks, out + (b * heads + h) * head_dim, own_scores, block_size, head_dim, scale);
     }
 }
 
 void paged_decode_attention(const float *queries, const float *new_keys, const float *new_values,
                             float *key_pages, float *value_pages, const int64_t *block_table,
-                            const int64_t *positions, const float *bias, float *out, float *scores,
-                            int64_t query_row_stride, int64_t key_row_stride, int64_t value_row_stride,
-                            int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                            int64_t num_blocks, int64_t block_size, int64_t blocks_per_row, float scale) {
+                            const int64_t *positions, const float *bias, const int64_t *masked, float *out,
+                            float *scores, int64_t query_row_stride, int64_t key_row_stride,
+                            int64_t value_row_stride, int64_t batch, int64_t heads, int64_t kv_heads,
+                            int64_t head_dim, int64_t num_blocks, int64_t block_size, int64_t blocks_per_row,
+                            float scale) {
 #pragma omp parallel num_threads(kernel_thread_count)
-    paged_attention_shared(queries, new_keys, new_values, key_pages, value_pages, block_table, positions, bias, out,
+    paged_attention_shared(queries, new_keys, new_values, key_pages, value_pages, block_table, positions, bias, masked,
+                           NULL, NULL, 0, 0, out,
                            scores, query_row_stride, key_row_stride, value_row_stride, batch, heads, kv_heads,
                            head_dim, num_blocks, block_size, blocks_per_row, scale);
 }

@@ -53,6 +53,18 @@ def check_rows(window_blocks: Tensor, positions: Tensor, *, num_blocks: int, blo
         raise ValueError(f"a position is outside its row's {window} positions")
 
 
+def check_masked(masked: Tensor, positions: Tensor) -> Tensor:
+    """Each row's masked slots `[first, last)` as the kernels read them (int64 [B, 2], contiguous),
+    refused where a row would mask its own newest key (its softmax would have none left)."""
+    masked = masked.to(torch.int64).contiguous()
+    if masked.shape != (positions.shape[0], 2):
+        raise ValueError(f"masked {tuple(masked.shape)} is not one [first, last) per row")
+    hides_own = (masked[:, 0] <= positions) & (positions < masked[:, 1])
+    if masked.numel() and bool(hides_own.any()):
+        raise ValueError("a row's masked slots hide its own newest key")
+    return masked
+
+
 def _within(indices: Tensor, size: int) -> bool:
     """Whether every index lies in [0, size): one pass over them, on the step's path."""
     low, high = torch.aminmax(indices)
@@ -69,10 +81,12 @@ def paged_decode_attention(
     positions: Tensor,
     bias: Tensor | None,
     scale: float,
+    masked: Tensor | None = None,
 ) -> Tensor:
     """float32 [B, H, hd]: each row's query over its keys 0..position, after writing its new key and
     value at position. `bias` [B, H, W] is added to the scaled scores (the causal mask needs none:
-    later keys are never read). CPU only; `available()` says whether it can run. The batch step
+    later keys are never read); `masked` [B, 2] gives each row slots [first, last) it does not
+    read (`masked_slots`). CPU only; `available()` says whether it can run. The batch step
     (`batch_pass.c`) calls the same C function; this binding is the kernel's own, for its tests."""
     kernel = _kernel()
     if kernel is None:
@@ -88,6 +102,7 @@ def paged_decode_attention(
     window_blocks, positions = (t.to(torch.int64).contiguous() for t in (window_blocks, positions))
     check_rows(window_blocks, positions, num_blocks=num_blocks, block_size=block_size)
     bias = bias.float().contiguous() if bias is not None else None
+    masked = check_masked(masked, positions) if masked is not None else None
     out = torch.empty((batch, heads, head_dim), dtype=torch.float32)
     threads = torch.get_num_threads()
     use_threads(_SOURCE, threads)
@@ -101,6 +116,7 @@ def paged_decode_attention(
         window_blocks.data_ptr(),
         positions.data_ptr(),
         bias.data_ptr() if bias is not None else None,
+        masked.data_ptr() if masked is not None else None,
         out.data_ptr(),
         scores.data_ptr(),
         queries.stride(0),
