@@ -14,6 +14,7 @@ alone from the state it was in, and only the rows that still raise fail.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,6 +65,17 @@ class PassRows:
             pick(self.counts),
         )
 
+    def as_run(self) -> PassRows:
+        """The rows as the pass runs them: a rule that places every query of this pass as
+        `standard` does (`AttentionRule.standard_below`: a text shorter than Self-Extend's window,
+        DCA's first chunk, ...) is dropped, so that its row runs as a plain one, on the fast paths.
+        Its earlier tokens sat lower still, so a recomputation of the row runs the same."""
+        rules = [
+            None if rule is not None and row.length + row.dropped + count <= rule.standard_below else rule
+            for row, rule, count in zip(self.rows, self.rules, self.counts, strict=True)
+        ]
+        return self if rules == self.rules else dataclasses.replace(self, rules=rules)
+
     @property
     def any_rule(self) -> list[AttentionRule | None] | None:
         """The rules, or None when every row attends as trained (what the model takes)."""
@@ -100,6 +112,7 @@ class ModelRunner:
         take (`FastDecoder.decodes_under`) run on the model's own layers, which place each row's
         keys by its rule (`service.model.rule_attention`); the others where they would run alone,
         in a pass of their own beside them."""
+        rows = rows.as_run()
         ruled = [row for row, rule in enumerate(rows.rules) if not self._fast_takes(rule, decode)]
         if self.fast is None or not ruled or len(ruled) == len(rows):
             return self._run(rows, view, decode=decode)
@@ -116,7 +129,7 @@ class ModelRunner:
         recompute it first: `run`)."""
         if stale_rows(self.model, view, rows.scalings, rows.table_lengths):
             return None
-        return self._stages(rows, view)
+        return self._stages(rows.as_run(), view)
 
     def run_alone(self, rows: PassRows, failed: dict[int, Exception] | None = None) -> PassResult:
         """Every row not in `failed` in a pass of its own; the rows that raise join `failed`."""

@@ -72,7 +72,7 @@ class ChunkedScorer:
         self.rows = rows
         self.scaling = scaling if scaling is not None else model.positions.default_scaling
         self.attention = attention
-        self.fast = fast if attention is None else None  # the C pass runs no attention rule
+        self.fast = fast
         self.top_logprobs = top_logprobs
         self.positions_by_path: dict[ScorePath, int] = dict.fromkeys(SCORE_PATHS, 0)
         self._tokens = list(tokens)
@@ -98,7 +98,15 @@ class ChunkedScorer:
             chunk = self._tokens[start : start + plan.width]
             targets = torch.tensor(self._tokens[start + 1 : start + plan.width + 1], device=self._device)
             whole = plan.layers_per_step == plan.layers
-            if whole and self.fast is not None and self.fast.prefills(self.rows.lengths, [plan.width]):
+            # The C pass runs no attention rule, but a rule places the queries below its
+            # `standard_below` as standard does: such a chunk runs as a plain one.
+            plain = self.attention is None or start + plan.width <= self.attention.standard_below
+            if (
+                whole
+                and plain
+                and self.fast is not None
+                and self.fast.prefills(self.rows.lengths, [plan.width])
+            ):
                 residuals = self.fast.prefill_hidden(
                     self.rows, [chunk], [plan.width], [self.scaling], [len(self._tokens)]
                 )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -95,6 +96,19 @@ class AttentionRule(ABC):
         `standard`, whose `logn` only scales queries): such a row attends by its rule's branches."""
         return self.type != StandardAttention.type
 
+    @property
+    def standard_below(self) -> int:
+        """The first query text index at which the rule may differ from `standard`: a query below it
+        sees every earlier key where it sits, unscaled (each type's own bound, and log-n's L, whose
+        factor is 1 while i + 1 <= L). A pass whose queries all sit below it is a plain pass, and
+        runs as one (`PassRows.as_run`)."""
+        own = self._standard_below()
+        return own if self.logn is None else min(own, self.logn)
+
+    @abstractmethod
+    def _standard_below(self) -> int:
+        """`standard_below` without log-n."""
+
     def query_scale(self, query_index: torch.Tensor) -> torch.Tensor:
         """The factor each query is multiplied by ([Tq] float64; ones without `logn`)."""
         return logn_scale(query_index, self.logn)
@@ -114,6 +128,9 @@ class StandardAttention(AttentionRule):
     """q at i, k at j: the model as trained (the default)."""
 
     type: ClassVar[str] = "standard"
+
+    def _standard_below(self) -> int:
+        return sys.maxsize
 
     def place(self, query_index: torch.Tensor, key_index: torch.Tensor) -> Placement:
         return standard_positions(query_index, key_index)
@@ -137,6 +154,9 @@ class SelfExtendAttention(AttentionRule):
         self._canonical("group_size", _count("group_size", self.group_size, minimum=1))
         self._canonical("window", _count("window", self.window, minimum=1))
 
+    def _standard_below(self) -> int:
+        return self.window  # every key of a query below the window is a neighbour
+
     def place(self, query_index: torch.Tensor, key_index: torch.Tensor) -> Placement:
         return self_extend_positions(query_index, key_index, group_size=self.group_size, window=self.window)
 
@@ -159,6 +179,9 @@ class ReRoPEAttention(AttentionRule):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._canonical("window", _count("window", self.window, minimum=1))
+
+    def _standard_below(self) -> int:
+        return self.window  # no key of a query below the window is far
 
     def place(self, query_index: torch.Tensor, key_index: torch.Tensor) -> Placement:
         return rerope_positions(query_index, key_index, window=self.window)
@@ -187,6 +210,9 @@ class LeakyReRoPEAttention(AttentionRule):
         if leak < 1.0:
             raise PEConfigError(f"leak must be >= 1, got {self.leak!r}", field="leak")
         self._canonical("leak", leak)
+
+    def _standard_below(self) -> int:
+        return self.window
 
     def place(self, query_index: torch.Tensor, key_index: torch.Tensor) -> Placement:
         return leaky_rerope_positions(query_index, key_index, window=self.window, leak=self.leak)
@@ -220,6 +246,11 @@ class DCAAttention(AttentionRule):
                 field="local_window",
             )
 
+    def _standard_below(self) -> int:
+        # The first chunk is at its text indices, and the second against it until the query's clamp
+        # at chunk_size; a third chunk reads the first at the fixed inter-chunk position.
+        return min(self.chunk_size + 1, 2 * (self.chunk_size - self.local_window))
+
     def place(self, query_index: torch.Tensor, key_index: torch.Tensor) -> Placement:
         return dca_positions(
             query_index, key_index, chunk_size=self.chunk_size, local_window=self.local_window
@@ -250,6 +281,10 @@ class StreamingAttention(AttentionRule):
         super().__post_init__()
         self._canonical("sink_tokens", _count("sink_tokens", self.sink_tokens, minimum=0))
         self._canonical("window", _count("window", self.window, minimum=1))
+
+    def _standard_below(self) -> int:
+        # Below S + W + 1 keys nothing has left the window, and the query sits at its text index.
+        return self.sink_tokens + self.window + 1
 
     def place(self, query_index: torch.Tensor, key_index: torch.Tensor) -> Placement:
         return streaming_positions(query_index, key_index, sink_tokens=self.sink_tokens, window=self.window)
