@@ -13,10 +13,11 @@ gives back the blocks between), each at the position the pool records for it. Un
 
 So a decode pass runs a streaming row as a plain one, given its masked slots and, where Δ > 0, its
 sinks' turn (`BatchPass`'s `masked` and `sinks`): a step then costs what a plain row's step over
-S + W keys costs, however long the text has grown, where the model's own layers (the eager path
-every rule takes) cost 1.29x a plain step at 8k keys. The eager path stays the reference it is
-tested against, and still runs the row's prompt (a chunk's queries would each need their own Δ)
-and log-n (a scale per query).
+S + W keys costs, however long the text has grown. On SmolLM2 with W = 8187 after an 8,128-token
+prompt: 53.3 ms a token against 54.5 for a plain row, and 54.8 ms 512 tokens later; on the
+model's own layers (the eager path every other rule takes) it was 70 ms. The eager path stays the
+reference it is tested against, and still runs the prompt past S + W + 1 tokens (a chunk's
+queries would each need their own Δ) and log-n (a scale per query).
 """
 
 from __future__ import annotations

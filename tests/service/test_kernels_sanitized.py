@@ -138,6 +138,7 @@ def read_past_the_pool() -> None:
         "block_table": block_table.data_ptr(),
         "positions": positions.data_ptr(),
         "bias": None,
+        "masked": None,
         "out": out.data_ptr(),
         "scores": scores.data_ptr(),
         "query_row_stride": heads * head_dim,
