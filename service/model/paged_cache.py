@@ -356,9 +356,8 @@ class PagedRows:
         self._window = 0
         # A row whose blocks follow each other in the pool (the usual case: the free list hands out
         # runs) has its window as a view of the pool, with nothing to gather: a lone row's always,
-        # a rule row's in any pass (`_row_window`). Its first block, else None.
+        # a rule row's in any pass (`_run_holds`). Each row's first block, else None.
         self._run_starts = [_run_start(row.blocks) for row in self.rows]
-        self._run_start = self._run_starts[0] if len(self.rows) == 1 else None
 
     @property
     def lengths(self) -> list[int]:
@@ -436,7 +435,7 @@ class PagedRows:
         if self._window_is_run:
             start = self.rows[0].length
             for pool_pages, new in zip(pages, (keys, values), strict=True):
-                self._run(pool_pages)[:, start : self._window] = new[0]  # [Hkv, T, hd]
+                self._run(pool_pages, 0)[:, start : self._window] = new[0]  # [Hkv, T, hd]
         else:
             blocks, offsets = self._write
             for pool_pages, new in zip(pages, (keys, values), strict=True):
@@ -454,14 +453,12 @@ class PagedRows:
     ) -> tuple[Tensor, Tensor]:
         """Row `index`'s first `window` slots `[Hkv, window, hd]`: a view of the pool where its
         blocks follow each other and hold the window, else its `WindowCopy`."""
-        size = self.pool.block_size
-        row, start = self.rows[index], self._run_starts[index]
-        if start is not None and window <= len(row.blocks) * size:
-            run = [page[:, start : start + len(row.blocks)].flatten(1, 2)[:, :window] for page in pages]
-            return run[0], run[1]
+        row = self.rows[index]
+        if self._run_holds(index, window):
+            return self._run(pages[0], index)[:, :window], self._run(pages[1], index)[:, :window]
         if row.copy is None:
             row.copy = WindowCopy()
-        return row.copy.windows(layer, pages, row, size, window)
+        return row.copy.windows(layer, pages, row, self.pool.block_size, window)
 
     def window_blocks(self, count: int) -> Tensor:
         """Each row's first `count` blocks `[B, count]`, contiguous, scratch-filled past its own.
@@ -476,7 +473,7 @@ class PagedRows:
 
     def _gather(self, pages: Tensor) -> Tensor:
         if self._window_is_run:
-            return self._run(pages)[None, :, : self._window]  # [1, Hkv, W, hd]
+            return self._run(pages, 0)[None, :, : self._window]  # [1, Hkv, W, hd]
         size = self.pool.block_size
         table = self.window_blocks(math.ceil(self._window / size))
         batch, count = table.shape
@@ -487,13 +484,19 @@ class PagedRows:
 
     @property
     def _window_is_run(self) -> bool:
-        """Whether the window lies within a lone row's consecutive blocks (a view, no gather)."""
-        return self._run_start is not None and self._window <= len(self.rows[0].blocks) * self.pool.block_size
+        """Whether the pass's window lies within a lone row's consecutive blocks (a view, no gather)."""
+        return len(self.rows) == 1 and self._run_holds(0, self._window)
 
-    def _run(self, pages: Tensor) -> Tensor:
-        """A lone row's consecutive blocks as one view `[Hkv, blocks * block_size, hd]` of `pages`."""
-        assert self._run_start is not None
-        return pages[:, self._run_start : self._run_start + len(self.rows[0].blocks)].flatten(1, 2)
+    def _run_holds(self, index: int, window: int) -> bool:
+        """Whether row `index`'s blocks follow each other in the pool and hold `window` slots."""
+        blocks = len(self.rows[index].blocks)
+        return self._run_starts[index] is not None and window <= blocks * self.pool.block_size
+
+    def _run(self, pages: Tensor, index: int) -> Tensor:
+        """Row `index`'s consecutive blocks as one view `[Hkv, blocks * block_size, hd]` of `pages`."""
+        start = self._run_starts[index]
+        assert start is not None
+        return pages[:, start : start + len(self.rows[index].blocks)].flatten(1, 2)
 
     def advance(
         self, tokens: Tensor, table_keys: Sequence[Hashable], counts: Sequence[int] | None = None
