@@ -55,6 +55,7 @@ from pe_client.lab_output import plot_passkey
 from pe_client.sweep import leading_tokens, prefix_cell
 from pe_client.types import ScoreRequest
 
+from bench.run_record import log, revision
 from tests.live_server import LiveServer, live_server
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -168,7 +169,7 @@ class Record:
         previous = existing if resume else {}
         self.data: dict[str, Any] = {
             "run": {
-                "commit": _commit(),
+                "commit": revision(),
                 "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
                 "command": command,
                 "started": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
@@ -330,16 +331,6 @@ async def run(args: argparse.Namespace, record: Record) -> None:
                     )
                     record.data["passkey"].append(stage)
                     record.save()
-
-
-def log(message: str) -> None:
-    print(f"[{datetime.now(UTC):%H:%M:%S}] {message}", file=sys.stderr, flush=True)
-
-
-def _commit() -> str:
-    """The checkout's revision; `BENCH_COMMIT` names it for a copy outside git (`git archive`)."""
-    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    return run.stdout.strip() or os.environ.get("BENCH_COMMIT", "unknown")
 
 
 # --- the report ---------------------------------------------------------------------------------

@@ -55,7 +55,8 @@ from pe_client.grid import parse_attention_specs
 from pe_client.sweep import leading_tokens
 from pe_client.types import GenerateRequest
 
-from bench.attention import METHODS, _commit, log
+from bench.attention import METHODS
+from bench.run_record import log, revision
 from tests.live_server import LiveServer, live_server
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -406,7 +407,7 @@ def main() -> None:
     previous = json.loads(RECORD.read_text()) if args.resume and RECORD.exists() else {}
     record: dict[str, Any] = {
         "run": {
-            "commit": _commit(),
+            "commit": revision(),
             "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
             "command": "python -m bench.attention_cost " + shlex.join(sys.argv[1:]),
             "started": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",

@@ -57,6 +57,7 @@ from pe_client.scaling import PEScaling, parse_scaling
 from pe_client.sweep import bits_per_token, leading_tokens
 from pe_client.types import ScoreRequest
 
+from bench.run_record import log, revision
 from tests.live_server import OptionValue, live_server
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -155,10 +156,6 @@ def save_plots(result: SweepResult | PasskeyResult, stem: str) -> list[str]:
             plot_passkey(result, path)
         names.append(path.name)
     return names
-
-
-def log(message: str) -> None:
-    print(f"[{datetime.now(UTC):%H:%M:%S}] {message}", file=sys.stderr, flush=True)
 
 
 async def run_zoo(record: PartRecord) -> None:
@@ -294,7 +291,7 @@ class PartRecord:
         self.started = time.perf_counter()
         self.data: dict[str, Any] = {
             "run": {
-                "commit": _commit(),
+                "commit": revision(),
                 "machine": f"{platform.machine()}, {_cores()} cores",
                 "command": "python -m bench.extension " + shlex.join(sys.argv[1:]),
             }
@@ -409,11 +406,6 @@ def replot() -> None:
 
 def _ints(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part]
-
-
-def _commit() -> str:
-    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    return run.stdout.strip() or "unknown"
 
 
 def _cores() -> int:

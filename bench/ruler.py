@@ -41,6 +41,7 @@ from pe_client.ruler import RulerCell, RulerResult, RulerSample
 from pe_client.ruler_tasks import string_match_all
 
 from bench.attention import METHODS, NATIVE
+from bench.run_record import log, revision
 from tests.live_server import live_server
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -195,7 +196,7 @@ def run(args: argparse.Namespace) -> None:
         record = json.loads(RECORD.read_text())
     done = {tuple(group["configurations"]) for group in record["groups"]}
     record["run"] = {
-        "commit": _commit(),
+        "commit": revision(),
         "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
         "command": "python -m bench.ruler " + shlex.join(sys.argv[1:]),
         "server_flags": f"--max-context {MAX_CONTEXT} (else defaults)",
@@ -290,15 +291,6 @@ def _configuration_keys(group: dict[str, Any]) -> list[str]:
 
 def _configuration_key(cell: dict[str, Any]) -> str:
     return json.dumps([cell["scaling"], cell["attention"]], sort_keys=True)
-
-
-def log(message: str) -> None:
-    print(f"[{datetime.now():%H:%M:%S}] {message}", file=sys.stderr, flush=True)
-
-
-def _commit() -> str:
-    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    return run.stdout.strip() or "unknown"
 
 
 if __name__ == "__main__":
