@@ -59,13 +59,18 @@ def _slid(pool: PagedKVCache, rows: list[PagedRow], rules: list[AttentionRule | 
 
 
 def _generate(
-    tiny: Transformer, texts: list[list[int]], rules: list[AttentionRule | None], *, in_c: bool
+    tiny: Transformer,
+    texts: list[list[int]],
+    rules: list[AttentionRule | None],
+    *,
+    in_c: bool,
+    scaling: RopeScaling | None = None,
 ) -> list[torch.Tensor]:
     """Each text's log-probabilities [T − PROMPT + 1, V] after its prompt: the prompts in one eager
     pass, then one token per row per pass, in C (`FastDecoder.decode`) or on the model's layers."""
     pool = pool_for(tiny)
     rows = [pool.allocate(PROMPT + 1) for _ in texts]
-    scalings = [RopeScaling()] * len(texts)
+    scalings = [scaling or RopeScaling()] * len(texts)
     decoder = FastDecoder(tiny, pool, Backend.C, max_window=128)
     outputs: list[list[torch.Tensor]] = [[] for _ in texts]
     with torch.inference_mode():
@@ -104,6 +109,23 @@ def test_a_streaming_row_in_c_equals_the_authors_and_the_models_own_layers(rule:
         tiny, tokens, partial(streaming_attention, base=BASE, start_size=0, recent_size=10**6)
     )
     assert (in_c - plain[PROMPT - 1 : -1]).abs().max() > 1e-2, "the window must matter at this length"
+
+
+def test_a_streaming_row_under_yarn_turns_its_sinks_with_the_rows_frequencies() -> None:
+    """The sinks' turn uses the row's own inverse frequencies (YaRN's, here) and unit cos/sin (the
+    table's attention factor is already in the query): in C as on the model's layers."""
+    tiny = model()
+    yarn = RopeScaling.from_hf(
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+        max_position_embeddings=tiny.config.native_context,
+    )
+    rule = RULES[0]
+    tokens = text(5)
+    (in_c,) = _generate(tiny, [tokens], [rule], in_c=True, scaling=yarn)
+    (eager,) = _generate(tiny, [tokens], [rule], in_c=False, scaling=yarn)
+    (plain_scaling,) = _generate(tiny, [tokens], [rule], in_c=True)
+    assert (in_c - eager).abs().max().item() <= 1e-5
+    assert (in_c - plain_scaling).abs().max().item() > 1e-3, "YaRN must change the outputs"
 
 
 def test_streaming_and_plain_rows_in_one_c_pass_equal_each_alone() -> None:
