@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from pe_runtime import RopeScaling
-from service.engine.budget import ChunkPlan, plan_chunk, rows_per_chunk
+from service.engine.budget import MAX_PASSED_OVER, ChunkPlan, plan_chunk, rows_per_chunk
 from service.engine.runner import ModelRunner, PassResult, PassRows
 from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest
@@ -188,7 +188,8 @@ class ModelBatch:
         """Advance prefilling rows by a chunk that fits `budget` units (`plan_chunk`).
 
         The rows are those with the least prompt left (the oldest first among equals), as many as
-        the budget gives a useful width (`rows_per_chunk`); the others wait. Rows take the same
+        the budget gives a useful width (`rows_per_chunk`); the others wait, though a row that
+        `MAX_PASSED_OVER` chunks went past goes first. Rows take the same
         width; a row with fewer prompt tokens left is padded to it, so that one row close to the
         end of its prompt never slows the others down to its pace. When even the smallest chunk
         costs more than the budget (a few tokens deep in a long context still read every cached
@@ -201,8 +202,10 @@ class ModelBatch:
         if self._spread is not None:
             return self._continue_spread()
         group = self._prefilling
-        order = sorted(range(len(group)), key=lambda row: group.sequences[row].prompt_remaining)
+        order = sorted(range(len(group)), key=lambda row: _chunk_order(group.sequences[row]))
         taken = order[: rows_per_chunk(budget, [group.sequences[row].prefilled for row in order])]
+        for row, sequence in enumerate(group.sequences):
+            sequence.passed_over = 0 if row in taken else sequence.passed_over + 1
         sequences, rows = [group.sequences[row] for row in taken], [group.rows[row] for row in taken]
         view = group.view if taken == list(range(len(group))) else PagedRows(self.pool, rows)
         past = max(sequence.prefilled for sequence in sequences)
@@ -331,6 +334,14 @@ def _pass_rows(
         table_lengths,
         counts,
     )
+
+
+def _chunk_order(sequence: RunningSequence) -> tuple[bool, int]:
+    """Where a prompt row stands for the next chunk: the rows passed over too often first, oldest
+    first; then the least prompt left (the sort is stable: the oldest first among equals)."""
+    if sequence.passed_over >= MAX_PASSED_OVER:
+        return (False, 0)
+    return (True, sequence.prompt_remaining)
 
 
 def _reusable(request: GenerationRequest) -> int:

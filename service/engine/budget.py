@@ -50,6 +50,10 @@ MIN_CHUNK_UNITS = 16
 # turn (`rows_per_chunk`), the rows with the least prompt left first: all fifteen in 13.5 minutes
 # (one alone: 50 s), and a short prompt is not held behind a long one.
 MIN_ROW_WIDTH = 64
+# Least prompt left first would hold a long prompt back for as long as shorter ones keep arriving
+# (beside a stream a chunk buys one row and may take a few steps): a prompt row that this many
+# chunks went past goes first (`ModelBatch.prefill_chunk`), so it takes at least every third.
+MAX_PASSED_OVER = 2
 # Weight of the latest chunk's speed in the running estimate: recent steps, close in context length.
 SPEED_SMOOTHING = 0.5
 

@@ -45,6 +45,7 @@ class RunningSequence:
     finish_reason: FinishReason | None = None
     prefilled: int = 0  # prompt tokens in the KV cache
     cached_tokens: int = 0  # of those, read from the pool's prefix cache instead of computed
+    passed_over: int = 0  # prompt chunks that went to other rows since this row's last one
     # The whole generation's counts: a resumed request's `sampling` counts only what is left.
     _earlier: int = field(init=False)  # tokens produced before a cut: the prompt's last ones
     _min_tokens: int = field(init=False)

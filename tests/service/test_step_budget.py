@@ -263,3 +263,22 @@ def test_a_chunk_takes_the_rows_its_allowance_gives_a_useful_width() -> None:
     assert rows_per_chunk(10**9, [10_000] * 3) == 3
     # Rows are priced by the deepest row they take: shallow rows first, then the deep one alone.
     assert rows_per_chunk(1536, [0, 0, 10_000]) == 2
+
+
+def test_a_long_prompt_is_not_starved_by_short_prompts_arriving_behind_it(four_layers: Path) -> None:
+    """Beside a stream a chunk buys one row (spread over a few steps here), and the row with the
+    least prompt left goes first: a short prompt arriving every step kept a long one waiting for as
+    long as they came (it ended at step 113, after 25 of the 40). A row that `MAX_PASSED_OVER`
+    chunks went past goes first: it ended at step 48, after 6; every generation stays what one pass
+    gives."""
+    shorts = range(2, 42)
+    jobs: list[GenerationRequest | ScoringRequest] = [
+        generation(0, (256, 1, 2, 3), stream=True),
+        generation(1, LONG_PROMPTS[1]),
+        *(generation(key, (key % 256, 7, 9)) for key in shorts),
+    ]
+    tight, whole, tight_ended, _ = tight_and_whole_runs(four_layers, jobs)
+    for key in (1, *shorts):
+        assert_same_generations(tight[key], whole[key])
+    before = sum(tight_ended[key] < tight_ended[1] for key in shorts)
+    assert before <= len(shorts) // 2, f"{before} short prompts ended before the long one"
