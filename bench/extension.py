@@ -237,6 +237,7 @@ async def run_smollm2(
                 log(f"smollm2 batching gain at {list(gain_lengths)}")
                 record.add(batching=await batching_gain(client, text, gain_lengths, SMOLLM2_SCALINGS, model))
             cells: list[SweepCell] = []
+            sweep_started = time.perf_counter()  # the sweep's own time: not the start-up's or the gain's
             # The lab's sweep: every scaling at every length in one call, one pass per scaling at the
             # longest length (dynamic: one per length), the passes batched; or (--per-scaling, on a
             # machine too busy for the whole grid at once) one scaling's passes after another, each
@@ -258,10 +259,11 @@ async def run_smollm2(
                 )
                 cells += result.cells
                 swept = result.model_copy(
-                    update={"cells": cells, "wall_s": time.perf_counter() - record.started}
+                    update={"cells": cells, "wall_s": time.perf_counter() - sweep_started}
                 )
                 record.add(sweeps=[sweep_json(swept)], plots=save_plots(swept, "extension-smollm2-sweep"))
             answers: list[PasskeyCell] = []
+            asked_s = 0.0  # every length's passkey time: the record shows the table's, not the last call's
             for length in passkey_lengths:
                 log(f"smollm2 passkey at {length}")
                 passkey = await async_passkey(
@@ -275,7 +277,8 @@ async def run_smollm2(
                     on_cell=lambda found: log(f"  passkey answer: {'found' if found else 'missed'}"),
                 )
                 answers += passkey.cells
-                found = passkey.model_copy(update={"cells": answers})
+                asked_s += passkey.wall_s
+                found = passkey.model_copy(update={"cells": answers, "wall_s": asked_s})
                 record.add(
                     passkey=passkey_json(found),
                     plots=[name for name in record.data["plots"] if "passkey" not in name]

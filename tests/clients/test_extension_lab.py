@@ -25,10 +25,11 @@ from pe_client import AsyncPEClient, PEClient, async_sweep, passkey, ruler, swee
 from pe_client.attention import SelfExtendAttention
 from pe_client.cli import main
 from pe_client.grid import GridError
-from pe_client.lab_output import sweep_table
+from pe_client.lab_output import plot_ruler, sweep_table
 from pe_client.passkey import wilson_interval
+from pe_client.ruler import RulerCell, RulerResult
 from pe_client.ruler_tasks import TASKS, string_match_all
-from pe_client.scaling import LongRopeScaling, YarnScaling
+from pe_client.scaling import LongRopeScaling, NoScaling, YarnScaling
 from pe_client.sweep import SweepCell, SweepResult
 from pe_client.types import ScoreRequest
 
@@ -369,6 +370,21 @@ def test_a_sweep_within_the_native_context_plots_no_empty_panel(
     assert [cell["tail_bits_per_token"] for cell in printed["cells"]] == [None] * 4
     assert svg_panels(plot) == 1
     assert "whole prefix" in plot.read_text() and "past native" not in plot.read_text()
+
+
+def test_a_ruler_plot_of_groups_with_different_lengths_leaves_the_missing_cells_blank(tmp_path: Path) -> None:
+    """Groups of the RULER bench run apart (none at 4k and 8k, yarn at 8k only): one plot of them
+    all draws every configuration's cells and marks a length it lacks instead of failing."""
+    cells = [
+        RulerCell(task=task, length=length, scaling=scaling, samples=10, score=0.5)
+        for scaling, lengths in ((NoScaling(), (4096, 8192)), (YarnScaling(factor=2), (8192,)))
+        for task in ("niah_single", "vt")
+        for length in lengths
+    ]
+    plot = tmp_path / "ruler.svg"
+    plot_ruler(RulerResult(model="m", cells=cells, wall_s=1.0, samples=[], chat=True), plot)
+    drawn = plot.read_text()
+    assert drawn.count("—") == 2 and "50%" in drawn
 
 
 def test_sweep_table_shows_only_what_has_data() -> None:

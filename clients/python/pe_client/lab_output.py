@@ -5,6 +5,7 @@ matplotlib is imported only when a plot is asked for, so the SDK itself stays ht
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -246,9 +247,11 @@ def plot_ruler(result: RulerResult, path: Path) -> None:
     tasks = list(dict.fromkeys(cell.task for cell in result.cells))
     panels = []
     for name, cells in _by_configuration(result.cells):
+        # Groups run apart may cover different lengths: a cell a configuration lacks is blank.
         score = {(cell.task, cell.length): cell.score for cell in cells}
-        grid = [[score[task, length] for length in lengths] for task in tasks]
-        panels.append((name, grid, [[f"{value:.0%}" for value in row] for row in grid]))
+        grid = [[score.get((task, length), math.nan) for length in lengths] for task in tasks]
+        texts = [["—" if math.isnan(value) else f"{value:.0%}" for value in row] for row in grid]
+        panels.append((name, grid, texts))
     _heatmaps(
         panels,
         path,
