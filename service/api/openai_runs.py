@@ -11,20 +11,29 @@ import time
 from collections.abc import Sequence
 
 from service.api.schemas.openai import OpenAIFinishReason, OpenAIUsage, PromptTokensDetails
-from service.engine.types import Engine, GenerationRequest, GenerationResult, RequestHandle, ScoringRequest
+from service.engine.types import (
+    Engine,
+    FieldNames,
+    GenerationRequest,
+    GenerationResult,
+    RequestHandle,
+    ScoringRequest,
+)
 from service.requests.convert import finish_reason
 from service.requests.running import Submission
 
 
 def submit_all(
-    submission: Submission, engine: Engine, jobs: Sequence[GenerationRequest | ScoringRequest]
+    submission: Submission,
+    engine: Engine,
+    jobs: Sequence[tuple[GenerationRequest | ScoringRequest, FieldNames]],
 ) -> list[RequestHandle]:
-    """Queue every job, or none: a refused submission (queue full, a per-key limit, draining)
-    cancels the jobs queued before it."""
+    """Queue every job (each with how the request named its input), or none: a refused
+    submission (a bad input, queue full, a per-key limit, draining) cancels the jobs queued before it."""
     handles: list[RequestHandle] = []
     try:
-        for job in jobs:
-            handles.append(submission.submit(engine, job))
+        for job, names in jobs:
+            handles.append(submission.submit(engine, job, names))
     except BaseException:
         for handle in handles:
             handle.cancel()

@@ -8,17 +8,21 @@ the engine runs, and a bad one is refused before it crosses a process boundary.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from pe_runtime import PEConfigError, RopeScaling
-from service.engine.errors import ContextLengthError, InvalidRequestError, ModelNotFoundError
+from service.engine.errors import ContextLengthError, EngineError, InvalidRequestError, ModelNotFoundError
 from service.engine.models import ModelSpec
 from service.engine.types import (
     ATTENTION_FIELD,
+    ENGINE_NAMES,
     MAX_PENALTY,
     MAX_STOP_TOKEN_IDS,
     MAX_TOP_LOGPROBS,
+    MODEL_FIELD,
     SCALING_FIELD,
+    FieldNames,
     GenerationRequest,
     ModelInfo,
     PEInfo,
@@ -76,19 +80,56 @@ class ModelCatalog:
         total_length: int,
         attention: AttentionRule | None = None,
     ) -> PEInfo:
+        """What a configuration resolves to on a model at `total_length` tokens, or why it cannot
+        (an `--alias` at start-up, with no input yet); a request's input is `check_input`'s."""
         spec = self.spec(model)
-        if scaling is not None:
-            check_scaling_supported(spec.info, scaling.type)
-        if attention is not None:
-            check_attention_supported(spec.info, attention)
-            check_streaming_scaling(attention, scaling or spec.effective_scaling(None))
+        check_configuration(spec, scaling, attention)
         if total_length > context_limit(spec.info, attention):
             raise ContextLengthError(
-                f"prompt plus max_new_tokens is {total_length} tokens, over the max_context of "
-                f"{spec.name!r} ({spec.info.max_context})",
+                f"{total_length} tokens are over the max_context of {spec.name!r} ({spec.info.max_context})",
                 param="max_new_tokens",
             )
         return spec.resolve_pe(scaling, total_length, attention)
+
+    def check_input(
+        self,
+        model: str,
+        tokens: Sequence[int],
+        *,
+        new_tokens: int,
+        scaling: RopeScaling | None,
+        attention: AttentionRule | None = None,
+        names: FieldNames = ENGINE_NAMES,
+        minimum: int = 1,
+        resumed: Sequence[int] = (),
+    ) -> PEInfo:
+        """What an input and its configuration must satisfy on a model, checked once per request
+        and reported in the order a user would want: how the model is asked to run, then whether
+        the input is in its vocabulary, then whether input and new tokens fit (`resumed`: the
+        tokens a cut stream had made, which its client sends back)."""
+        spec = self.spec(model)
+        info = spec.info
+        with blamed_on_model(names):
+            check_configuration(spec, scaling, attention)
+            check_tokens(info, tokens, field=names.tokens, minimum=minimum)
+            if resumed:
+                check_tokens(info, resumed, field=names.resumed, minimum=1)
+            check_room(
+                info,
+                len(tokens),
+                field=names.input_length,
+                new_tokens=new_tokens + len(resumed),
+                new_tokens_field=names.new_tokens,
+                attention=attention,
+            )
+            total = len(tokens) + len(resumed) + new_tokens
+            if total > context_limit(info, attention):
+                raise ContextLengthError(
+                    f"{names.input_length} plus {names.new_tokens} is {total} tokens, over the "
+                    f"max_context of {spec.name!r} ({info.max_context})",
+                    param=names.new_tokens,
+                )
+            return spec.resolve_pe(scaling, total, attention)
 
     def tokenize(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return self.spec(model).encode(text, add_special_tokens=add_special_tokens)
@@ -99,23 +140,70 @@ class ModelCatalog:
     def detokenize(self, model: str, tokens: list[int]) -> str:
         return self.spec(model).tokenizer.decode(tokens)
 
-    def validate(self, request: GenerationRequest | ScoringRequest) -> PEInfo:
-        """Everything a request must satisfy to run; raises the EngineError that names the field."""
-        info = self.spec(request.model).info
+    def validate(
+        self, request: GenerationRequest | ScoringRequest, names: FieldNames = ENGINE_NAMES
+    ) -> PEInfo:
+        """Everything a request must satisfy to run, checked here only, at submission; raises the
+        EngineError that names the field as the caller wrote it (`names`)."""
         if isinstance(request, GenerationRequest):
-            tokens, minimum, new_tokens = request.prompt_tokens, 1, request.sampling.max_new_tokens
-            if request.resumed is not None:  # the prompt holds the tokens made before the cut too
-                minimum += request.resumed.tokens
+            held = request.resumed.tokens if request.resumed is not None else 0
             _check_sampling(request.sampling, resumed=request.resumed is not None)
-            check_tokens(info, request.sampling.stop_token_ids, field="stop_token_ids", minimum=0)
-        else:
-            tokens, minimum, new_tokens = request.tokens, MIN_SCORED_TOKENS, 0
-            if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
-                raise InvalidRequestError(
-                    f"top_logprobs is out of range: {request.top_logprobs!r}", param="top_logprobs"
-                )
-        check_tokens(info, tokens, field="tokens", minimum=minimum)
-        return self.resolve_pe(request.model, request.scaling, len(tokens) + new_tokens, request.attention)
+            check_tokens(
+                self.spec(request.model).info,
+                request.sampling.stop_token_ids,
+                field="stop_token_ids",
+                minimum=0,
+            )
+            cut = len(request.prompt_tokens) - held  # the prompt ends with the tokens made before the cut
+            return self.check_input(
+                request.model,
+                request.prompt_tokens[:cut],
+                new_tokens=request.sampling.max_new_tokens,
+                scaling=request.scaling,
+                attention=request.attention,
+                names=names,
+                resumed=request.prompt_tokens[cut:],
+            )
+        if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(
+                f"top_logprobs is out of range: {request.top_logprobs!r}", param="top_logprobs"
+            )
+        return self.check_input(
+            request.model,
+            request.tokens,
+            new_tokens=0,
+            scaling=request.scaling,
+            attention=request.attention,
+            names=names,
+            minimum=MIN_SCORED_TOKENS,
+        )
+
+
+def check_configuration(
+    spec: ModelSpec, scaling: RopeScaling | None, attention: AttentionRule | None
+) -> None:
+    """The scaling and the rule are ones the model's scheme applies, and apply together."""
+    if scaling is not None:
+        check_scaling_supported(spec.info, scaling.type)
+    if attention is not None:
+        check_attention_supported(spec.info, attention)
+        check_streaming_scaling(attention, scaling or spec.effective_scaling(None))
+
+
+@contextmanager
+def blamed_on_model(names: FieldNames) -> Iterator[None]:
+    """Within: an error about a field the model name set (`pe_scaling.factor` from
+    `NAME@yarn:factor=0.5`) is an error on `model`, whose message names that field."""
+    try:
+        yield
+    except (EngineError, PEConfigError) as raised:
+        message = raised.message
+        param = f"{SCALING_FIELD}.{raised.field}" if isinstance(raised, PEConfigError) else raised.param
+        named = param is not None and param.split(".")[0] in names.set_by_model
+        if names.model is None or not named:
+            raise
+        detail = message if message.startswith(f"{param}:") else f"{param}: {message}"
+        raise InvalidRequestError(f"{MODEL_FIELD} {names.model!r}: {detail}", param=MODEL_FIELD) from None
 
 
 def check_scaling_supported(info: ModelInfo, scaling_type: str) -> None:

@@ -13,6 +13,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
+from collections.abc import Sequence
 
 from pe_runtime import RopeScaling
 from service.engine.catalog import ModelCatalog
@@ -20,7 +21,9 @@ from service.engine.core import Job, StepOutput
 from service.engine.errors import EngineDrainingError, EngineError, QueueFullError
 from service.engine.handle import EngineHandle, deliver, is_final
 from service.engine.types import (
+    ENGINE_NAMES,
     EngineStats,
+    FieldNames,
     GenerationRequest,
     ModelInfo,
     PEInfo,
@@ -68,9 +71,25 @@ class EngineFrontend(ABC):
     def detokenize(self, model: str, tokens: list[int]) -> str:
         return self.catalog.detokenize(model, tokens)
 
-    def submit(self, request: GenerationRequest | ScoringRequest) -> EngineHandle:
+    def check_input(
+        self,
+        model: str,
+        tokens: Sequence[int],
+        *,
+        new_tokens: int,
+        scaling: RopeScaling | None,
+        attention: AttentionRule | None = None,
+        names: FieldNames = ENGINE_NAMES,
+    ) -> PEInfo:
+        return self.catalog.check_input(
+            model, tokens, new_tokens=new_tokens, scaling=scaling, attention=attention, names=names
+        )
+
+    def submit(
+        self, request: GenerationRequest | ScoringRequest, names: FieldNames = ENGINE_NAMES
+    ) -> EngineHandle:
         """Validate and queue; errors are raised here, before anything is queued."""
-        pe = self.catalog.validate(request)
+        pe = self.catalog.validate(request, names)
         key = next(self._keys)
         handle = EngineHandle(request.request_id, on_cancel=lambda: self._send_cancel(key))
         with self._lock:

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from pe_runtime import RopeScaling
-from service.model.attention_rules import AttentionRule
+from service.model.attention_rules import AttentionRule, rule_for_pass
 from service.model.fast_decode import FastDecoder
 from service.model.paged_cache import PagedKVCache, PagedRow, PagedRows
 from service.model.refresh import recompute_row, stale_rows
@@ -67,11 +67,11 @@ class PassRows:
 
     def as_run(self) -> PassRows:
         """The rows as the pass runs them: a rule that places every query of this pass as
-        `standard` does (`AttentionRule.standard_below`: a text shorter than Self-Extend's window,
+        `standard` does (`rule_for_pass`: a text shorter than Self-Extend's window,
         DCA's first chunk, ...) is dropped, so that its row runs as a plain one, on the fast paths.
         Its earlier tokens sat lower still, so a recomputation of the row runs the same."""
         rules = [
-            None if rule is not None and row.length + row.dropped + count <= rule.standard_below else rule
+            rule_for_pass(rule, row.length + row.dropped + count)
             for row, rule, count in zip(self.rows, self.rules, self.counts, strict=True)
         ]
         return self if rules == self.rules else dataclasses.replace(self, rules=rules)

@@ -35,7 +35,7 @@ from service.engine.budget import ChunkPlan, chunk_cost, plan_chunk
 from service.engine.errors import RequestFailedError
 from service.engine.sampler import top_alternatives
 from service.engine.types import TopLogprobs
-from service.model.attention_rules import AttentionRule
+from service.model.attention_rules import AttentionRule, rule_for_pass
 from service.model.fast_decode import FastDecoder
 from service.model.paged_cache import PagedKVCache, PagedRows
 from service.model.transformer import Stages, Transformer, run_layers
@@ -100,7 +100,7 @@ class ChunkedScorer:
             whole = plan.layers_per_step == plan.layers
             # The C pass runs no attention rule, but a rule places the queries below its
             # `standard_below` as standard does: such a chunk runs as a plain one.
-            plain = self.attention is None or start + plan.width <= self.attention.standard_below
+            plain = rule_for_pass(self.attention, start + plan.width) is None
             if (
                 whole
                 and plain

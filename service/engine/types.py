@@ -7,7 +7,7 @@ small is what lets the engine change (batching policy, devices, kernels) without
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -23,6 +23,32 @@ ClientFinishReason = Literal["length", "stop", "eos"]
 SCALING_FIELD = "pe_scaling"
 # The request field that carries the attention rule (`service.model.attention_rules`).
 ATTENTION_FIELD = "pe_attention"
+# The request field that names the model; an error about what a model name set names it.
+MODEL_FIELD = "model"
+
+
+@dataclass(frozen=True)
+class FieldNames:
+    """The caller's names for what the engine checks, so that an error names the field the user
+    sent: the input (`tokens`; `prompt`, `prompt.2` or `messages` on other routes), the input where
+    its length is in question (`length`, default `tokens`), the bound on new tokens, a resumed
+    stream's tokens, and the configuration a model name set (`NAME@SPEC`, an alias): an error
+    about a field in `set_by_model` is an error on `model`, which wrote it."""
+
+    tokens: str = "tokens"
+    length: str | None = None
+    new_tokens: str = "max_new_tokens"
+    resumed: str = "resume_from.tokens"
+    model: str | None = None
+    set_by_model: tuple[str, ...] = ()
+
+    @property
+    def input_length(self) -> str:
+        return self.length or self.tokens
+
+
+# The engine's own names: its requests' fields (a caller that builds them itself, the warm-up).
+ENGINE_NAMES = FieldNames()
 
 
 # Bounds of the sampling controls, shared by the engine's own checks and the API's schemas.
@@ -285,8 +311,25 @@ class Engine(Protocol):
 
     def detokenize(self, model: str, tokens: list[int]) -> str: ...
 
-    def submit(self, request: GenerationRequest | ScoringRequest) -> RequestHandle:
-        """Queue a request; raises QueueFullError / EngineDrainingError / InvalidRequestError at once."""
+    def check_input(
+        self,
+        model: str,
+        tokens: Sequence[int],
+        *,
+        new_tokens: int,
+        scaling: RopeScaling | None,
+        attention: AttentionRule | None = None,
+        names: FieldNames = ENGINE_NAMES,
+    ) -> PEInfo:
+        """What `submit` checks of an input, for a request that queues nothing (an OpenAI echo
+        with `max_tokens` 0); raises the EngineError that names the field as `names` do."""
+        ...
+
+    def submit(
+        self, request: GenerationRequest | ScoringRequest, names: FieldNames = ENGINE_NAMES
+    ) -> RequestHandle:
+        """Check (every rule a request meets runs here, once) and queue; raises QueueFullError /
+        EngineDrainingError / InvalidRequestError at once, naming fields as `names` do."""
         ...
 
     def stats(self) -> EngineStats: ...

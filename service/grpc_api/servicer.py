@@ -138,7 +138,9 @@ class PEServeServicer:
         first_token = FirstTokenTimer(self._metrics, call.started)
         text = token_text(engine, job.model)
         model = prepared.target.name  # as the request named it
-        handle = self._running.open(call.caller, call.request_id, call.endpoint).submit(engine, job)
+        handle = self._running.open(call.caller, call.request_id, call.endpoint).submit(
+            engine, job, prepared.names
+        )
 
         async def messages() -> AsyncIterator[bytes]:
             try:
@@ -157,7 +159,9 @@ class PEServeServicer:
         engine = self._state.engine_for_request()
         prepared = prepare_scored(engine, body, self._state.aliases)
         job = score_job(call.request_id, body, prepared)
-        handle = self._running.open(call.caller, call.request_id, call.endpoint).submit(engine, job)
+        handle = self._running.open(call.caller, call.request_id, call.endpoint).submit(
+            engine, job, prepared.names
+        )
         try:
             async for event in handle:
                 if isinstance(event, ScoreResult):

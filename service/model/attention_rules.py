@@ -101,7 +101,7 @@ class AttentionRule(ABC):
         """The first query text index at which the rule may differ from `standard`: a query below it
         sees every earlier key where it sits, unscaled (each type's own bound, and log-n's L, whose
         factor is 1 while i + 1 <= L). A pass whose queries all sit below it is a plain pass, and
-        runs as one (`PassRows.as_run`)."""
+        runs as one (`rule_for_pass`)."""
         own = self._standard_below()
         return own if self.logn is None else min(own, self.logn)
 
@@ -313,6 +313,13 @@ _RULES: Final[Mapping[str, type[AttentionRule]]] = {
     )
 }
 ATTENTION_TYPES: Final = tuple(_RULES)
+
+
+def rule_for_pass(rule: AttentionRule | None, end: int) -> AttentionRule | None:
+    """The rule a pass whose queries all sit before text index `end` runs: None (a plain pass, on
+    the fast paths) when the rule places every one of them as `standard` does
+    (`AttentionRule.standard_below`), else the rule."""
+    return None if rule is None or end <= rule.standard_below else rule
 
 
 def attention_label(rule: AttentionRule | None) -> str:

@@ -35,12 +35,11 @@ from pydantic import TypeAdapter, ValidationError
 
 from pe_runtime import PEConfigError
 from service.engine.errors import EngineError
-from service.engine.types import ATTENTION_FIELD, SCALING_FIELD, Engine
+from service.engine.types import ATTENTION_FIELD, MODEL_FIELD, SCALING_FIELD, Engine
 from service.model.attention_rules import ATTENTION_TYPES, parse_attention_spec
 from service.requests.errors import ErrorKind, RequestError, as_request_error, param_from_location
 from service.requests.scaling import PEScaling
 
-MODEL_FIELD = "model"
 ALIAS_FLAG = "--alias"
 SEPARATOR = "@"
 LIST_SEPARATOR = ";"

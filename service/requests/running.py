@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from service.engine.types import (
     Engine,
     EngineEvent,
+    FieldNames,
     GenerationRequest,
     GenerationResult,
     RequestHandle,
@@ -194,12 +195,15 @@ class Submission:
         self._ledger = ledger
         self.running = Running(caller=caller, request_id=request_id, endpoint=endpoint)
 
-    def submit(self, engine: Engine, job: GenerationRequest | ScoringRequest) -> TrackedHandle:
-        """Admit `job` (per-key limits, a free id) and queue it; raises RequestError / EngineError."""
+    def submit(
+        self, engine: Engine, job: GenerationRequest | ScoringRequest, names: FieldNames
+    ) -> TrackedHandle:
+        """Admit `job` (per-key limits, a free id) and queue it; raises RequestError / EngineError,
+        naming fields as the request wrote them (`names`)."""
         running = self.running
         tokens = self._ledger.admit(running, job)
         try:
-            inner = engine.submit(job)
+            inner = engine.submit(job, names)
         except BaseException:
             self._ledger.release(running)
             raise

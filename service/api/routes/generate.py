@@ -67,7 +67,7 @@ async def generate(
     text = token_text(engine, job.model)
     model = prepared.target.name  # as the request named it
     if body.stream:
-        handle = submission.submit(engine, job)
+        handle = submission.submit(engine, job, prepared.names)
         events = generation_events(
             handle,
             response_id=response_id,
@@ -79,7 +79,9 @@ async def generate(
         return EventStreamResponse(events, on_abort=handle.cancel)
 
     async def answer() -> bytes:
-        result = await result_of(submission.submit(engine, job), GenerationResult, first_token)
+        result = await result_of(
+            submission.submit(engine, job, prepared.names), GenerationResult, first_token
+        )
         return json_body(generate_response(response_id, model, result, text))
 
     return await answer_once(request, body, answer)

@@ -63,9 +63,8 @@ async def chat_completions(
     )
     rendered = engine.tokenize(model.name, prompt, add_special_tokens=False)  # the template has its own
     max_tokens = body.max_completion_tokens or body.max_tokens or max(model.max_context - len(rendered), 1)
-    tokens = prepare_for(
-        engine, target, rendered, field="messages", new_tokens=max_tokens, new_tokens_field="max_tokens"
-    ).tokens
+    prepared = prepare_for(engine, target, rendered, field="messages", new_tokens_field="max_tokens")
+    tokens = prepared.tokens
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     jobs = [
         generation_request(
@@ -82,7 +81,7 @@ async def chat_completions(
         )
         for choice in range(body.n)
     ]
-    handles = submit_all(submission, engine, jobs)
+    handles = submit_all(submission, engine, [(job, prepared.names) for job in jobs])
     text = token_text(engine, model.name)
     if body.stream:
         events = _stream(body, handles, response_id, target.name, len(tokens), text, request_id, first_token)

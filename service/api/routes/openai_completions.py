@@ -32,6 +32,7 @@ from service.engine.catalog import MIN_SCORED_TOKENS
 from service.engine.types import (
     Engine,
     EngineEvent,
+    FieldNames,
     GenerationRequest,
     GenerationResult,
     PEInfo,
@@ -43,7 +44,7 @@ from service.engine.types import (
 )
 from service.requests.build import generation_request, scoring_request
 from service.requests.convert import TokenText, pe_block, token_text
-from service.requests.prepare import Target, prepare_for, resolve_target
+from service.requests.prepare import PreparedInput, Target, prepare_for, resolve_target
 
 router = APIRouter(tags=["openai"], dependencies=[Depends(require_json)])
 
@@ -56,12 +57,25 @@ class _Prompt:
 
 @dataclass
 class _Plan:
-    """The engine jobs of one request: generations per choice, a score per echoed prompt."""
+    """What a request runs: its prompts, and a job per choice and per echoed score, each with the
+    names the request gave its input (for the errors of the checks at submission)."""
+
+    prompts: list[PreparedInput]
+    generations: list[tuple[GenerationRequest, FieldNames]]  # choice order; empty when max_tokens is 0
+    scores: dict[int, tuple[ScoringRequest, FieldNames]]  # prompt index -> its score (echo with logprobs)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """What the response reads of each prompt, once every one has passed its checks."""
 
     prompts: list[_Prompt]
-    generations: list[GenerationRequest]  # choice order; empty when max_tokens is 0
-    scores: dict[int, ScoringRequest]  # prompt index -> its score (echo with logprobs)
-    resolved_pe: PEInfo  # for a request that runs no generation
+    unrun_pe: PEInfo | None  # with no generation: the first prompt's, where no score reports it
+
+    def pe_without_generation(self, scored: dict[int, ScoreResult]) -> PEInfo:
+        """The `pe` block of a request that generates nothing: its first prompt's configuration,
+        from that prompt's score or its checks."""
+        return self.unrun_pe if self.unrun_pe is not None else scored[0].pe
 
 
 @router.post(
@@ -82,6 +96,19 @@ async def completions(
     target = resolve_target(engine, body, aliases)
     response_id = f"cmpl-{uuid.uuid4().hex}"
     plan = _plan(engine, target, body, response_id)
+    # With no generation, a prompt that is not scored meets its checks here, queueing nothing.
+    unrun = {
+        index: engine.check_input(
+            target.model.name,
+            prepared.tokens,
+            new_tokens=0,
+            scaling=target.scaling,
+            attention=target.attention,
+            names=prepared.names,
+        )
+        for index, prepared in enumerate(plan.prompts)
+        if not plan.generations and index not in plan.scores
+    }
     score_order = sorted(plan.scores)
     handles = submit_all(
         submission, engine, [*plan.generations, *(plan.scores[index] for index in score_order)]
@@ -90,10 +117,11 @@ async def completions(
         handles[: len(plan.generations)],
         dict(zip(score_order, handles[len(plan.generations) :], strict=True)),
     )
+    answer = _Answer(prompts=_echoed(engine, target, body, plan), unrun_pe=unrun.get(0))
     text = token_text(engine, target.model.name)
     if body.stream:
         events = _stream(
-            body, plan, generations, scores, response_id, target.name, text, request_id, first_token
+            body, answer, generations, scores, response_id, target.name, text, request_id, first_token
         )
         return EventStreamResponse(events, on_abort=lambda: cancel_all(handles))
     try:
@@ -108,54 +136,68 @@ async def completions(
         for index, result in zip(score_order, results[len(plan.generations) :], strict=True)
         if isinstance(result, ScoreResult)
     }
-    return json_response(_response(body, plan, generated, scored, response_id, target.name, text))
+    return json_response(_response(body, answer, generated, scored, response_id, target.name, text))
 
 
 def _plan(engine: Engine, target: Target, body: CompletionRequest, response_id: str) -> _Plan:
-    model = target.model
-    prompts: list[_Prompt] = []
-    for index, given in enumerate(body.prompts()):
-        field = "prompt" if isinstance(given, str) else f"prompt.{index}"
-        tokens = prepare_for(
+    prompts = [
+        prepare_for(
             engine,
             target,
             given,
-            field=field,
-            new_tokens=body.max_tokens,
+            field="prompt" if isinstance(given, str) else f"prompt.{index}",
             new_tokens_field="max_tokens",
-            room_field="prompt",
-        ).tokens
-        text = given if isinstance(given, str) else engine.detokenize(model.name, list(tokens))
-        prompts.append(_Prompt(tokens=tokens, text=text))
+            length_field="prompt",
+        )
+        for index, given in enumerate(body.prompts())
+    ]
     wants_logprobs = body.logprobs is not None
     generations = [
-        generation_request(
-            f"{response_id}-{choice}",
-            target,
-            prompt.tokens,
-            body,
-            max_new_tokens=body.max_tokens,
-            stop=body.stop_strings(),
-            logprobs=wants_logprobs,
-            top_logprobs=body.logprobs or 0,
-            stream=body.stream,
-            choice=choice % body.n,
+        (
+            generation_request(
+                f"{response_id}-{choice}",
+                target,
+                prompts[choice // body.n].tokens,
+                body,
+                max_new_tokens=body.max_tokens,
+                stop=body.stop_strings(),
+                logprobs=wants_logprobs,
+                top_logprobs=body.logprobs or 0,
+                stream=body.stream,
+                choice=choice % body.n,
+            ),
+            prompts[choice // body.n].names,
         )
-        for choice, prompt in _choices(prompts, body.n)
+        for choice in range(len(prompts) * body.n)
         if body.max_tokens > 0
     ]
     scores = {
-        index: scoring_request(
-            f"{response_id}-prompt-{index}", target, prompt.tokens, top_logprobs=body.logprobs or 0
+        index: (
+            scoring_request(
+                f"{response_id}-prompt-{index}", target, prompt.tokens, top_logprobs=body.logprobs or 0
+            ),
+            prompt.names,
         )
         for index, prompt in enumerate(prompts)
         if body.echo
         and wants_logprobs
         and len(prompt.tokens) >= MIN_SCORED_TOKENS  # one has nothing to score
     }
-    total = len(prompts[0].tokens) + body.max_tokens
-    resolved = engine.resolve_pe(model.name, target.scaling, total, target.attention)
-    return _Plan(prompts=prompts, generations=generations, scores=scores, resolved_pe=resolved)
+    return _Plan(prompts=prompts, generations=generations, scores=scores)
+
+
+def _echoed(engine: Engine, target: Target, body: CompletionRequest, plan: _Plan) -> list[_Prompt]:
+    """Each prompt with what echo returns: the text as given, or its ids decoded (which can be
+    done only now that they have passed the vocabulary check)."""
+    return [
+        _Prompt(
+            tokens=prepared.tokens,
+            text=given
+            if isinstance(given, str)
+            else engine.detokenize(target.model.name, list(prepared.tokens)),
+        )
+        for given, prepared in zip(body.prompts(), plan.prompts, strict=True)
+    ]
 
 
 def _choices(prompts: Sequence[_Prompt], n: int) -> list[tuple[int, _Prompt]]:
@@ -164,7 +206,7 @@ def _choices(prompts: Sequence[_Prompt], n: int) -> list[tuple[int, _Prompt]]:
 
 def _response(
     body: CompletionRequest,
-    plan: _Plan,
+    answer: _Answer,
     generated: list[GenerationResult],
     scored: dict[int, ScoreResult],
     response_id: str,
@@ -172,7 +214,7 @@ def _response(
     text: TokenText,
 ) -> CompletionResponse:
     choices = []
-    for choice, prompt in _choices(plan.prompts, body.n):
+    for choice, prompt in _choices(answer.prompts, body.n):
         result = generated[choice] if generated else None
         prompt_index = choice // body.n
         logprobs = None
@@ -190,14 +232,14 @@ def _response(
             )
         )
     completion_tokens = sum(len(result.tokens) for result in generated)
-    pe = generated[0].pe if generated else plan.resolved_pe
+    pe = generated[0].pe if generated else answer.pe_without_generation(scored)
     return CompletionResponse(
         id=response_id,
         created=created_now(),
         model=model,
         choices=choices,
         usage=openai_usage(
-            sum(len(prompt.tokens) for prompt in plan.prompts),
+            sum(len(prompt.tokens) for prompt in answer.prompts),
             completion_tokens,
             sum(result.cached_tokens for index, result in enumerate(generated) if index % body.n == 0),
         ),
@@ -246,7 +288,7 @@ def _legacy_logprobs(pieces: Sequence[_Piece], text: TokenText, offset: int = 0)
 
 async def _stream(
     body: CompletionRequest,
-    plan: _Plan,
+    answer: _Answer,
     generations: list[RequestHandle],
     scores: dict[int, RequestHandle],
     response_id: str,
@@ -277,15 +319,15 @@ async def _stream(
             async for event in handle:
                 if isinstance(event, ScoreResult):
                     scored[index] = event
-        offsets = [0] * (len(plan.prompts) * body.n)
-        for choice, prompt in _choices(plan.prompts, body.n):
+        offsets = [0] * (len(answer.prompts) * body.n)
+        for choice, prompt in _choices(answer.prompts, body.n):
             if body.echo:
                 pieces = _prompt_pieces(prompt, scored.get(choice // body.n))
                 logprobs = _legacy_logprobs(pieces, text) if body.logprobs is not None else None
                 offsets[choice] = sum(len(text(token)) for token in prompt.tokens)
                 yield chunk(choice, prompt.text, logprobs)
             if not generations:
-                yield chunk(choice, "", None, "length", plan.resolved_pe)
+                yield chunk(choice, "", None, "length", answer.pe_without_generation(scored))
         completion_tokens = cached_tokens = 0
         async for choice, event in merged_events(generations):
             on_event(event)
@@ -302,7 +344,7 @@ async def _stream(
                 cached_tokens += event.cached_tokens if choice % body.n == 0 else 0
                 yield chunk(choice, "", None, openai_finish_reason(event), event.pe)
         if body.include_usage:
-            prompt_tokens = sum(len(prompt.tokens) for prompt in plan.prompts)
+            prompt_tokens = sum(len(prompt.tokens) for prompt in answer.prompts)
             usage = openai_usage(prompt_tokens, completion_tokens, cached_tokens)
             yield sse_event(
                 CompletionResponse(id=response_id, created=created, model=model, choices=[], usage=usage)

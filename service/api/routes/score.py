@@ -37,7 +37,7 @@ async def score(
     job = score_job(f"score-{uuid.uuid4().hex}", body, prepared)
 
     async def answer() -> bytes:
-        result = await result_of(submission.submit(engine, job), ScoreResult)
+        result = await result_of(submission.submit(engine, job, prepared.names), ScoreResult)
         scored = score_response(prepared.target.name, result, token_text(engine, job.model))
         # Alternatives only when asked for; the `pe` block only for a request that chose its
         # positions (`pe_scaling`, `pe_attention`, or an alias's), so a plain /score answers the

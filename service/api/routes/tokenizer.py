@@ -22,7 +22,7 @@ from service.api.schemas.tokenizer import (
     TokenizerInfoResponse,
 )
 from service.requests.errors import ErrorKind, RequestError
-from service.requests.prepare import input_tokens, resolve_model_name
+from service.requests.prepare import checked_ids, resolve_model_name
 
 router = APIRouter(tags=["tokenizer"])
 
@@ -54,7 +54,7 @@ async def tokenize(body: TokenizeRequest, engine: EngineDep, aliases: AliasesDep
 @router.post("/detokenize", dependencies=[Depends(require_json)], responses=_ERRORS)
 async def detokenize(body: DetokenizeRequest, engine: EngineDep, aliases: AliasesDep) -> DetokenizeResponse:
     model = resolve_model_name(engine, body.model, aliases)
-    tokens = input_tokens(engine, model, body.tokens, field="tokens", minimum=0)
+    tokens = checked_ids(model, body.tokens, field="tokens")
     return DetokenizeResponse(prompt=engine.detokenize(model.name, list(tokens)))
 
 

@@ -20,7 +20,15 @@ import uvicorn
 
 from service.engine.engine import InferenceEngine
 from service.engine.errors import RequestFailedError
-from service.engine.types import EngineEvent, GenerationRequest, RequestHandle, ScoringRequest, TokenEvent
+from service.engine.types import (
+    ENGINE_NAMES,
+    EngineEvent,
+    FieldNames,
+    GenerationRequest,
+    RequestHandle,
+    ScoringRequest,
+    TokenEvent,
+)
 from service.server import create_server
 from service.settings import Settings
 from tests.live_server import free_port
@@ -61,8 +69,10 @@ class FaultyEngine(InferenceEngine):
         return super().tokenize(model, text, add_special_tokens=add_special_tokens)
 
     # The Engine protocol returns a RequestHandle; InferenceEngine narrows it to its own class.
-    def submit(self, request: GenerationRequest | ScoringRequest) -> RequestHandle:  # type: ignore[override]
-        handle = super().submit(request)
+    def submit(  # type: ignore[override]
+        self, request: GenerationRequest | ScoringRequest, names: FieldNames = ENGINE_NAMES
+    ) -> RequestHandle:
+        handle = super().submit(request, names)
         if isinstance(request, GenerationRequest) and request.sampling.seed == 13:
             return _FailsAfterFirstToken(handle)
         return handle
