@@ -34,6 +34,7 @@ from pe_client.sweep import SweepCell, SweepResult
 from pe_client.types import ScoreRequest
 
 from tests.live_server import LiveServer, OptionValue, live_server
+from tests.service.api.helpers import metric_sum
 
 ZOO = Path(__file__).resolve().parents[2] / "models"
 MAX_CONTEXT = 2048
@@ -521,6 +522,24 @@ def test_passkey_sdk_and_cli(
         for cell in printed["cells"]
     )
     assert "<svg" in heatmap.read_text()
+
+
+def test_passkey_prompts_sharing_a_filler_reuse_it_from_the_prefix_cache(
+    zoo: PEClient, zoo_server: LiveServer
+) -> None:
+    """A trial's filler is the same in every cell and its prompts go in turn, most filler before
+    the key first: the later prompts read the filler before their key from the prefix cache.
+    With a filler drawn per cell (as before), only the prompt's first line could be shared."""
+    with httpx.Client(base_url=zoo_server.base_url) as http:
+        hits_before = metric_sum(http, "pe_prefix_cache_hits_total")
+        queried_before = metric_sum(http, "pe_prefix_cache_queries_total")
+        passkey(zoo, lengths=[512, 448], depths=[0.9, 0.5], scalings=["none"], trials=1, seed=4242)
+        hits = metric_sum(http, "pe_prefix_cache_hits_total") - hits_before
+        queried = metric_sum(http, "pe_prefix_cache_queries_total") - queried_before
+    # In turn: 512 at 0.9 (nothing cached), 448 at 0.9, 512 at 0.5, 448 at 0.5: each later prompt
+    # shares about its depth times its length, less a partial block.
+    assert queried >= 4 * 400
+    assert hits >= 0.8 * (0.9 * 448 + 0.5 * 512 + 0.5 * 448) - 3 * 16
 
 
 def test_ruler_cli_json_dump_and_plot(

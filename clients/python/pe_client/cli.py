@@ -137,7 +137,11 @@ def _parser() -> argparse.ArgumentParser:
     sweep.set_defaults(run=_run_sweep)
 
     passkey = commands.add_parser("passkey", help="find a key hidden in filler: accuracy by depth and length")
-    _add_lab_options(passkey)
+    _add_lab_options(
+        passkey,
+        concurrency_default="all at once; the prompts of one configuration and trial go in turn",
+        in_flight="configuration-and-trial chains",
+    )
     _add_attention_option(passkey)
     passkey.add_argument("--depths", type=_floats, default=[0.1, 0.5, 0.9], help="default 0.1,0.5,0.9")
     passkey.add_argument(
@@ -177,6 +181,7 @@ def _add_lab_options(
     *,
     scaling_required: bool = True,
     concurrency_default: str = "all at once",
+    in_flight: str = "requests",
 ) -> None:
     """The options every lab command takes; without `--scaling`, `ruler` runs unscaled, and the
     others need the model's name to set the scaling (`NAME@SPEC`, an alias)."""
@@ -204,7 +209,7 @@ def _add_lab_options(
         type=int,
         default=None,
         metavar="N",
-        help=f"requests in flight (default: {concurrency_default})",
+        help=f"{in_flight} in flight (default: {concurrency_default})",
     )
     parser.add_argument(
         "--progress",

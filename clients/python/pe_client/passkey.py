@@ -4,11 +4,14 @@ configuration (scaling, and attention rule when one is given).
 The haystack is the classic one (Mohtashami and Jaggi's landmark-attention test): repeated
 sentences with nothing to learn from, so only attention to the needle can find the key. Each trial
 has its own key and its own filler (the sentences of every line in an order drawn for it), both
-drawn from the seed. A model with a chat template is asked through it (the server renders it:
-/tokenize with messages), a base model through a completion prompt ending in "The pass key is";
-both are then generated greedily from the same token ids, so each prompt is exactly as long as the
-grid says. A cell reports how many of its trials found the key and the 95% Wilson score interval
-of that share, which stays inside 0..1 and is honest at a handful of trials.
+drawn from the seed; trial i's filler is the same text in every cell, so the prompts that share it
+go to the server one after another, the one with the most filler before its key first, and the
+server's prefix cache computes that filler once. A model with a chat template is asked through
+it (the server renders it: /tokenize with messages), a base model through a completion prompt
+ending in "The pass key is"; both are then generated greedily from the same token ids, so each
+prompt is exactly as long as the grid says. A cell reports how many of its trials found the key
+and the 95% Wilson score interval of that share, which stays inside 0..1 and is honest at a
+handful of trials.
 """
 
 from __future__ import annotations
@@ -103,12 +106,15 @@ class _Trial:
 
 @dataclass(frozen=True)
 class _Probe:
-    """One prompt: its place in the grid, its key and its token ids."""
+    """One prompt: its place in the grid, its key, its token ids, which trial of its cell it is
+    and how many filler lines precede its key (those it shares with the trial's other prompts)."""
 
     length: int
     depth: float
     key: int
     tokens: list[int]
+    trial: int
+    filler_before: int
 
 
 async def async_passkey(
@@ -134,6 +140,10 @@ async def async_passkey(
     (`NAME@SPEC`, an `--alias` name), which then stands for `scalings` or `attentions`. The grid is
     checked before any prompt is built (GridError). `on_cell` is called with each answer's
     correctness as it arrives.
+
+    The prompts of one configuration and trial share their filler, so they go one after another
+    (a chain, most filler before the key first: the server's prefix cache then holds the filler
+    each later prompt starts with); the chains run together, at most `concurrency` at once.
     """
     check_grid(scalings, attentions, model)
     if trials < 1:
@@ -149,24 +159,38 @@ async def async_passkey(
     chat = (await client.tokenizer_info(card.name)).chat_template is not None
     build = _PromptBuilder(client, card.name, chat)
     draw = random.Random(seed)
+    fillers = [draw.getrandbits(32) for _ in range(trials)]
     probes = [
-        await build.probe(length, depth, trial)
+        await build.probe(length, depth, trial, _Trial(key, fillers[trial]))
         for length in checked
         for depth in depths
-        for trial in _draw_trials(draw, trials)
+        for trial, key in enumerate(draw.sample(_KEYS, trials))
     ]
     started = time.perf_counter()
+    chains = [
+        (index, sorted((probe for probe in probes if probe.trial == trial), key=_most_filler_first))
+        for index in range(len(grid))
+        for trial in range(trials)
+    ]
 
-    def job(probe: _Probe, configuration: Configuration) -> Callable[[], Awaitable[bool]]:
-        return lambda: _answer(client, target, probe, configuration)
+    def job(configuration: Configuration, chain: list[_Probe]) -> Callable[[], Awaitable[list[bool]]]:
+        async def ask_in_turn() -> list[bool]:
+            found = []
+            for probe in chain:
+                found.append(await _answer(client, target, probe, configuration))
+                if on_cell is not None:
+                    on_cell(found[-1])
+            return found
 
-    asked = [(index, probe) for index in range(len(grid)) for probe in probes]
+        return ask_in_turn
+
     answers = await gather_all(
-        [job(probe, grid[index]) for index, probe in asked], concurrency=concurrency, on_done=on_cell
+        [job(grid[index], chain) for index, chain in chains], concurrency=concurrency, on_done=None
     )
     correct: Counter[tuple[int, int, float]] = Counter()
-    for (index, probe), found in zip(asked, answers, strict=True):
-        correct[index, probe.length, probe.depth] += found
+    for (index, chain), found in zip(chains, answers, strict=True):
+        for probe, key_found in zip(chain, found, strict=True):
+            correct[index, probe.length, probe.depth] += key_found
     cells = [
         PasskeyCell(
             length=length,
@@ -214,9 +238,9 @@ def passkey(
     )
 
 
-def _draw_trials(draw: random.Random, trials: int) -> list[_Trial]:
-    """One cell's trials: distinct keys, each with its own filler."""
-    return [_Trial(key, draw.getrandbits(32)) for key in draw.sample(_KEYS, trials)]
+def _most_filler_first(probe: _Probe) -> tuple[int, int]:
+    """A chain's order: each prompt's filler before its key is then a prefix of the first's."""
+    return -probe.filler_before, -probe.length
 
 
 class _PromptBuilder:
@@ -228,8 +252,9 @@ class _PromptBuilder:
         self._chat = chat
         self._tokens_per_repeat: float | None = None
 
-    async def probe(self, length: int, depth: float, trial: _Trial) -> _Probe:
-        """The longest prompt of at most `length − ANSWER_TOKENS` tokens with the key at `depth`."""
+    async def probe(self, length: int, depth: float, index: int, trial: _Trial) -> _Probe:
+        """The longest prompt of at most `length − ANSWER_TOKENS` tokens with the key at `depth`
+        (trial `index` of its cell)."""
         budget = length - ANSWER_TOKENS
         empty = len(await self._tokens(0, depth, trial))
         per_repeat = await self._per_repeat(depth, trial, empty)
@@ -241,7 +266,7 @@ class _PromptBuilder:
             repeats -= max(1, int((len(tokens) - budget) / per_repeat))
         if len(tokens) > budget:
             raise GridError(f"length {length} is too short for the passkey prompt ({len(tokens)} tokens)")
-        return _Probe(length, depth, trial.key, tokens)
+        return _Probe(length, depth, trial.key, tokens, index, _before(repeats, depth))
 
     async def _per_repeat(self, depth: float, trial: _Trial, empty: int) -> float:
         if self._tokens_per_repeat is None:
@@ -251,12 +276,17 @@ class _PromptBuilder:
 
     async def _tokens(self, repeats: int, depth: float, trial: _Trial) -> list[int]:
         lines = noise_lines(trial.filler_seed, repeats)
-        before = round(repeats * depth)
+        before = _before(repeats, depth)
         haystack = "".join([INTRO, *lines[:before], NEEDLE.format(key=trial.key), *lines[before:]])
         if self._chat:
             message = ChatMessage(role="user", content=f"{haystack}\n{CHAT_QUESTION}")
             return await self._client.tokenize(messages=[message], model=self._model)
         return await self._client.tokenize(haystack + COMPLETION_QUESTION, model=self._model)
+
+
+def _before(repeats: int, depth: float) -> int:
+    """How many filler lines come before the key."""
+    return round(repeats * depth)
 
 
 async def _answer(
