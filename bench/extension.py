@@ -43,7 +43,6 @@ import httpx
 from pe_client import (
     AsyncPEClient,
     LongRopeScaling,
-    PasskeyCell,
     PasskeyResult,
     SweepCell,
     SweepResult,
@@ -223,8 +222,8 @@ async def run_smollm2(
     per_scaling: bool,
     trials: int,
 ) -> None:
-    """Batching gain (short cells), sweep, passkey, each length recorded as it finishes: on a busy
-    machine a run cut short still leaves what it measured. Each length's scalings go out together."""
+    """Batching gain (short cells), sweep, passkey, each recorded as it finishes: on a busy machine
+    a run cut short still leaves what it measured."""
     text = corpus_text(CORPUS)
     gguf = subprocess.run(
         [sys.executable, "-m", "service.model.bundled", "smollm2"], capture_output=True, text=True, check=True
@@ -262,28 +261,24 @@ async def run_smollm2(
                     update={"cells": cells, "wall_s": time.perf_counter() - sweep_started}
                 )
                 record.add(sweeps=[sweep_json(swept)], plots=save_plots(swept, "extension-smollm2-sweep"))
-            answers: list[PasskeyCell] = []
-            asked_s = 0.0  # every length's passkey time: the record shows the table's, not the last call's
-            for length in passkey_lengths:
-                log(f"smollm2 passkey at {length}")
-                passkey = await async_passkey(
-                    client,
-                    lengths=[length],
-                    depths=DEPTHS,
-                    scalings=SMOLLM2_PASSKEY_SCALINGS,
-                    model=model,
-                    trials=trials,
-                    seed=0,
-                    on_cell=lambda found: log(f"  passkey answer: {'found' if found else 'missed'}"),
-                )
-                answers += passkey.cells
-                asked_s += passkey.wall_s
-                found = passkey.model_copy(update={"cells": answers, "wall_s": asked_s})
-                record.add(
-                    passkey=passkey_json(found),
-                    plots=[name for name in record.data["plots"] if "passkey" not in name]
-                    + save_plots(found, "extension-smollm2-passkey"),
-                )
+            # One call for every length: a trial's prompts share their filler across lengths and
+            # depths, and go in turn so that the prefix cache computes it once (`async_passkey`).
+            log(f"smollm2 passkey at {list(passkey_lengths)}")
+            found = await async_passkey(
+                client,
+                lengths=passkey_lengths,
+                depths=DEPTHS,
+                scalings=SMOLLM2_PASSKEY_SCALINGS,
+                model=model,
+                trials=trials,
+                seed=0,
+                on_cell=lambda found: log(f"  passkey answer: {'found' if found else 'missed'}"),
+            )
+            record.add(
+                passkey=passkey_json(found),
+                plots=[name for name in record.data["plots"] if "passkey" not in name]
+                + save_plots(found, "extension-smollm2-passkey"),
+            )
 
 
 class PartRecord:
