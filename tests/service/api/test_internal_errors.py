@@ -8,15 +8,12 @@ in this process (so the log records can be inspected).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
 import httpx
 import pytest
-import uvicorn
 
 from service.engine.engine import InferenceEngine
 from service.engine.errors import RequestFailedError
@@ -29,10 +26,10 @@ from service.engine.types import (
     ScoringRequest,
     TokenEvent,
 )
-from service.server import create_server
 from service.settings import Settings
 from tests.live_server import free_port
-from tests.service.api.helpers import DONE, assert_error_shape, sse_data, wait_for
+from tests.service.api.helpers import DONE, assert_error_shape, sse_data
+from tests.service.api.in_process import serve_in_process
 from tests.service.grpc.helpers import assert_status, generate, stream, trailing
 
 PLANTED_PROMPT = "raise please"
@@ -78,32 +75,6 @@ class FaultyEngine(InferenceEngine):
         return handle
 
 
-@contextmanager
-def in_process_server(checkpoint: Path, grpc_port: int) -> Iterator[httpx.Client]:
-    engine = FaultyEngine.from_model_dirs([checkpoint], device="cpu", dtype="float32", max_context=256)
-    app = create_server(Settings(warmup=False, grpc_port=grpc_port), engine)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0) as client:
-
-            def ready() -> bool:
-                try:
-                    return client.get("/readyz").status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            wait_for(ready, "the in-process server")
-            yield client
-    finally:
-        server.should_exit = True
-        thread.join()
-
-
 @pytest.fixture(scope="module")
 def faulty_grpc_port() -> int:
     return free_port()
@@ -111,7 +82,10 @@ def faulty_grpc_port() -> int:
 
 @pytest.fixture(scope="module")
 def faulty(tiny_checkpoints: dict[str, Path], faulty_grpc_port: int) -> Iterator[httpx.Client]:
-    with in_process_server(tiny_checkpoints["rope"], faulty_grpc_port) as client:
+    engine = FaultyEngine.from_model_dirs(
+        [tiny_checkpoints["rope"]], device="cpu", dtype="float32", max_context=256
+    )
+    with serve_in_process(engine, Settings(warmup=False, grpc_port=faulty_grpc_port)) as client:
         yield client
 
 

@@ -9,7 +9,6 @@ app on a real uvicorn server, so the catalog's rule functions can be counted whe
 from __future__ import annotations
 
 import sys
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,14 +16,12 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from service.engine import catalog
 from service.engine.engine import InferenceEngine
-from service.server import create_server
 from service.settings import Settings
 from tests.live_server import free_port
-from tests.service.api.helpers import wait_for
+from tests.service.api.in_process import serve_in_process
 from tests.service.api.test_openai_chat import write_chat_llama
 
 MODEL = "tiny-rope"
@@ -40,26 +37,8 @@ def served(
     engine = InferenceEngine.from_model_dirs(
         [tiny_checkpoints["rope"], chat], device="cpu", dtype="float32", max_context=256
     )
-    app = create_server(Settings(warmup=False, grpc_port=free_port()), engine)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_config=None, access_log=False)
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{server.config.port}", timeout=60.0) as client:
-
-            def ready() -> bool:
-                try:
-                    return client.get("/readyz").status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            wait_for(ready, "the in-process server")
-            yield client
-    finally:
-        server.should_exit = True
-        thread.join()
+    with serve_in_process(engine, Settings(warmup=False, grpc_port=free_port())) as client:
+        yield client
 
 
 @pytest.fixture
