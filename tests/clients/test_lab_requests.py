@@ -55,16 +55,20 @@ def passkey_prompts(seed: int, trials: int = 3) -> tuple[PasskeyResult, list[str
 def test_passkey_trials_have_their_own_keys_and_fillers_drawn_from_the_seed() -> None:
     result, prompts = passkey_prompts(seed=5)
     assert len(prompts) == 6  # 2 lengths x 3 trials, one generation each
-    for cell_prompts in (prompts[:3], prompts[3:]):
+    by_length = sorted(prompts, key=len)  # a trial's prompts go longest filler first: cells by size
+    for cell_prompts in (by_length[:3], by_length[3:]):
         keys = [key_of(prompt) for prompt in cell_prompts]
         assert len(set(keys)) == 3
         fillers = {
             prompt.replace(NEEDLE.format(key=key), "") for prompt, key in zip(cell_prompts, keys, strict=True)
         }
         assert len(fillers) == 3  # not just the key: the filler differs between trials too
-    assert all(len(prompt.encode()) + 1 <= 600 - ANSWER_TOKENS for prompt in prompts[:3])
-    assert passkey_prompts(seed=5)[1] == prompts
-    assert passkey_prompts(seed=6)[1] != prompts
+    assert all(len(prompt.encode()) + 1 <= 600 - ANSWER_TOKENS for prompt in by_length[:3])
+    # A trial's filler is the same in every cell: a short prompt's text before its key opens a long one.
+    before_key = [prompt.split("The pass key is")[0] for prompt in by_length[:3]]
+    assert all(sum(long.startswith(text) for long in by_length[3:]) == 1 for text in before_key)
+    assert sorted(passkey_prompts(seed=5)[1]) == sorted(prompts)
+    assert sorted(passkey_prompts(seed=6)[1]) != sorted(prompts)
 
     assert [cell.correct for cell in result.cells] == [3, 3]
     assert re.search(r"0\.5\s+3/3 \(44%-100%\)\s+3/3 \(44%-100%\)", passkey_table(result))
