@@ -202,8 +202,14 @@ def blamed_on_model(names: FieldNames) -> Iterator[None]:
         named = param is not None and param.split(".")[0] in names.set_by_model
         if names.model is None or not named:
             raise
-        detail = message if message.startswith(f"{param}:") else f"{param}: {message}"
-        raise InvalidRequestError(f"{MODEL_FIELD} {names.model!r}: {detail}", param=MODEL_FIELD) from None
+        raise InvalidRequestError(as_model_error(names.model, param, message), param=MODEL_FIELD) from None
+
+
+def as_model_error(model: str, param: str | None, message: str) -> str:
+    """How an error on a field that a model name set reads, as an error on `model`:
+    `model 'NAME@yarn:factor=0.5': pe_scaling.factor: ...`."""
+    detail = message if param is None or message.startswith(f"{param}:") else f"{param}: {message}"
+    return f"{MODEL_FIELD} {model!r}: {detail}"
 
 
 def check_scaling_supported(info: ModelInfo, scaling_type: str) -> None:

@@ -34,6 +34,7 @@ from typing import Any, get_args
 from pydantic import TypeAdapter, ValidationError
 
 from pe_runtime import PEConfigError
+from service.engine.catalog import as_model_error
 from service.engine.errors import EngineError
 from service.engine.types import ATTENTION_FIELD, MODEL_FIELD, SCALING_FIELD, Engine
 from service.model.attention_rules import ATTENTION_TYPES, parse_attention_spec
@@ -202,10 +203,8 @@ def set_by_name(name: str | None, named: bool) -> Iterator[None]:
         yield
     except (RequestError, EngineError, PEConfigError) as raised:
         error = as_request_error(raised, "")
-        detail = error.message
-        if error.param is not None and not detail.startswith(f"{error.param}:"):
-            detail = f"{error.param}: {detail}"
-        raise RequestError(error.kind, f"{MODEL_FIELD} {name!r}: {detail}", param=MODEL_FIELD) from None
+        message = as_model_error(str(name), error.param, error.message)
+        raise RequestError(error.kind, message, param=MODEL_FIELD) from None
 
 
 def _attention(spec: str) -> dict[str, Any]:
