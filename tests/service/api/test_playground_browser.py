@@ -16,6 +16,7 @@ import json
 import math
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -306,8 +307,8 @@ def sweep_bits(logprobs: list[float | None], start: int, length: int) -> float |
 
 @dataclass
 class Traffic:
-    """The requests a page sent and the responses it got while recording, in order: ("sent" or
-    "answered", url); and the JSON body of each POST, in the order sent."""
+    """The requests a page sent and what became of them while recording, in order: ("sent",
+    "answered" or "failed", url); and the JSON body of each POST, in the order sent."""
 
     events: list[tuple[str, str]] = field(default_factory=list)
     posts: list[tuple[str, Any]] = field(default_factory=list)
@@ -323,6 +324,9 @@ class Traffic:
     def response(self, response: Response) -> None:
         self.events.append(("answered", response.url))
 
+    def failure(self, request: Request) -> None:
+        self.events.append(("failed", request.url))
+
     @property
     def sent(self) -> list[str]:
         return [url for kind, url in self.events if kind == "sent"]
@@ -331,17 +335,33 @@ class Traffic:
     def answered(self) -> list[str]:
         return [url for kind, url in self.events if kind == "answered"]
 
+    def settled(self, url: str) -> bool:
+        """Whether every request sent to `url` has been answered or has failed."""
+        ended = sum(1 for kind, seen in self.events if kind != "sent" and seen == url)
+        return ended == self.sent.count(url)
+
+    def wait_until_settled(self, page: Page, url: str, timeout_s: float = 10.0) -> None:
+        """Chromium reports an aborted request some time after the script aborted it; the sync
+        API delivers those events only while a Playwright call runs, so this waits through
+        the page rather than sleeping."""
+        deadline = time.monotonic() + timeout_s
+        while not self.settled(url):
+            assert time.monotonic() < deadline, f"requests to {url} still open: {self.events}"
+            page.wait_for_timeout(25)
+
 
 @contextlib.contextmanager
 def traffic(page: Page) -> Iterator[Traffic]:
     seen = Traffic()
     page.on("request", seen.request)
     page.on("response", seen.response)
+    page.on("requestfailed", seen.failure)
     try:
         yield seen
     finally:
         page.remove_listener("request", seen.request)
         page.remove_listener("response", seen.response)
+        page.remove_listener("requestfailed", seen.failure)
 
 
 def start_sweep(page: Page, text: str, lengths: str, grid: str, rules: str = "standard") -> None:
@@ -698,10 +718,12 @@ def test_a_cell_the_server_refuses_ends_the_sweep_with_its_message(
     DCA window not below its chunk): its 422 message, led by the configuration, is shown, and the
     cells still in flight are aborted."""
     text = (STATIC_DIR / "sample.txt").read_text()[:300]
-    start_sweep(page, text, "128, 256", grid, rules)
-    assert finish(page, "sweep-section") == "error"
-    assert message in (page.text_content("#sweep-message") or "")
     score = server.url("/score")
+    with traffic(page) as seen:
+        start_sweep(page, text, "128, 256", grid, rules)
+        assert finish(page, "sweep-section") == "error"
+        assert message in (page.text_content("#sweep-message") or "")
+        seen.wait_until_settled(page, score)
     refused = problems.seen.count(f"HTTP 422: POST {score}")
     aborted = problems.seen.count(f"request failed: POST {score} (net::ERR_ABORTED)")
     logged = [seen for seen in problems.seen if seen.startswith("console: Failed to load resource")]
@@ -723,6 +745,7 @@ def test_cancel_aborts_the_sweep_s_requests(page: Page, server: LiveServer, prob
         assert page.text_content("#status") == "Cancelled."
         assert page.is_disabled("#sweep-cancel") and page.is_enabled("#sweep")
         # Every /score the page sent was either answered before the cancel or aborted by it.
+        seen.wait_until_settled(page, score)
         aborted = problems.seen.count(f"request failed: POST {score} (net::ERR_ABORTED)")
         assert aborted > 0 and aborted == len(problems.seen)
         answered = seen.answered.count(score)
