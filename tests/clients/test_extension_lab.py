@@ -611,6 +611,33 @@ def test_ruler_sdk_asks_every_sample_under_every_scaling(zoo: PEClient) -> None:
         )
 
 
+def test_ruler_needle_prompts_of_one_length_reuse_their_haystack_from_the_prefix_cache(
+    zoo: PEClient, zoo_server: LiveServer
+) -> None:
+    """A needle task's samples of one length open with the same haystack up to their first needle:
+    they go in turn, most haystack first, so each later one reads that opening from the prefix
+    cache. Sent all at once (as before), they were prefilled side by side and shared nothing."""
+    with httpx.Client(base_url=zoo_server.base_url) as http:
+        hits_before = metric_sum(http, "pe_prefix_cache_hits_total")
+        result = ruler(zoo, tasks=["niah_single"], lengths=[640], samples=4, seed=31)
+        hits = metric_sum(http, "pe_prefix_cache_hits_total") - hits_before
+    prompts = [zoo.tokenize(sample.prompt) for sample in result.samples]
+    # Each prompt's longest opening shared with another; in turn, every prompt but the first
+    # reads its own from the one before it, less a partial block (and a token BPE joins across).
+    shared = sorted(
+        max(_common_prefix(one, other) for other in prompts if other is not one) for one in prompts
+    )
+    assert shared[0] > 16  # the seed puts every first needle past the first block
+    assert hits >= sum(shared[:-1]) - 3 * 2 * 16  # 608 of 648 here; 0 when sent all at once
+
+
+def _common_prefix(one: list[int], other: list[int]) -> int:
+    return next(
+        (index for index, (a, b) in enumerate(zip(one, other, strict=False)) if a != b),
+        min(len(one), len(other)),
+    )
+
+
 @pytest.mark.parametrize(
     ("grid", "message"),
     [

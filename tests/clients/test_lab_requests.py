@@ -176,13 +176,23 @@ def test_ruler_through_a_chat_template() -> None:
     assert all(
         body["pe_attention"] == {"type": "streaming", "sink_tokens": 4, "window": 256} for body in generated
     )
-    assert [body["max_new_tokens"] for body in generated] == [96] * 4 + [48] * 4
-    for sample, body in zip(result.samples, generated, strict=True):
-        # The dump's prompt is the user's message; the tokens are its rendering, sized to the length.
-        assert bytes(t for t in body["tokens"] if t < 256).decode() == f"<user>{sample.prompt}<assistant>"
+    # The dump's prompt is the user's message; the tokens are its rendering, sized to the length.
+    sent = [bytes(t for t in body["tokens"] if t < 256).decode() for body in generated]
+    assert sorted(sent) == sorted(f"<user>{sample.prompt}<assistant>" for sample in result.samples)
+    for sample in result.samples:
+        body = generated[sent.index(f"<user>{sample.prompt}<assistant>")]
+        assert body["max_new_tokens"] == {"niah_multivalue": 96, "vt": 48}[sample.task]
         # A chat model is not handed an answer prefix: the question ends the message.
         assert sample.prompt.splitlines()[-1].startswith(("What are all", "Which variables"))
         assert 0.9 * sample.length <= sample.prompt_tokens == len(body["tokens"]) <= sample.length
+    # A task's prompts of one length go in turn, the one with the most haystack before its first
+    # item first (the prefix cache then holds what the next one opens with).
+    for task, first_item in (("niah_multivalue", "One of the special"), ("vt", "VAR ")):
+        for length in (900, 1200):
+            chain = [s.prompt for s in result.samples if (s.task, s.length) == (task, length)]
+            order = sorted(chain, key=lambda prompt: sent.index(f"<user>{prompt}<assistant>"))
+            openings = [prompt.index(first_item) for prompt in order]
+            assert openings == sorted(openings, reverse=True), (task, length, openings)
 
 
 def test_ruler_refuses_a_grid_before_building_a_prompt() -> None:

@@ -21,7 +21,9 @@ from pe_client.ruler_tasks import (
     FWE_DOTS,
     FWE_MIN_WORDS,
     NEEDLE,
+    NIAH_INTRO,
     TASKS,
+    VT_INTRO,
     TaskPrompt,
     check_tasks,
     fit,
@@ -60,6 +62,27 @@ def test_every_answer_is_in_its_prompt(task: str, haystack: str) -> None:
             assert len(set(prompt.answers)) == len(prompt.answers)
             for answer in prompt.answers:
                 assert answer in prompt.text, (task, size, answer)
+
+
+@pytest.mark.parametrize("haystack", sorted(HAYSTACKS))
+@pytest.mark.parametrize("task", TASKS)
+def test_shared_words_are_the_haystack_before_the_first_item(task: str, haystack: str) -> None:
+    """What the client's chains rely on: a needle or variable prompt is its task's intro, then the
+    haystack's first `shared_words` words, then an item, whatever the sample and size; a task
+    drawn whole per sample says it shares nothing."""
+    stream = HAYSTACKS[haystack]
+    intro = {"vt": VT_INTRO}.get(task, NIAH_INTRO)
+    item = "VAR " if task == "vt" else "One of the special magic numbers"
+    for index in range(4):
+        sample = recipe(task, seed=5, length=4096, index=index, haystack=stream)
+        for size in (sample.min_size + 60, sample.min_size + 300):
+            prompt = sample.build(size)
+            if task in ("cwe", "fwe"):
+                assert prompt.shared_words is None
+                continue
+            assert prompt.shared_words is not None and 0 <= prompt.shared_words <= size
+            opening = intro + stream.hide(prompt.shared_words, [])
+            assert prompt.text.startswith(opening + item), (task, prompt.text[len(opening) :][:40])
 
 
 @pytest.mark.parametrize("task", TASKS)

@@ -153,7 +153,13 @@ def _parser() -> argparse.ArgumentParser:
     ruler = commands.add_parser(
         "ruler", help="RULER's synthetic tasks (retrieval, tracing, aggregation): scores by length"
     )
-    _add_lab_options(ruler, scaling_required=False)
+    _add_lab_options(
+        ruler,
+        scaling_required=False,
+        concurrency_default="all at once; a needle or variable task's samples of one length "
+        "go in turn under each configuration",
+        in_flight="chains and lone samples",
+    )
     _add_attention_option(ruler)
     ruler.add_argument(
         "--tasks",

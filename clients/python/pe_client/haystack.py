@@ -68,6 +68,11 @@ class Haystack:
         parts.extend(self._pieces[index % count] for index in range(start, size))
         return "".join(parts)
 
+    def words_before(self, size: int, depths: Sequence[float]) -> int:
+        """How many words of the stream `hide(size, items)` puts before its first item (items at
+        these depths): the part of the text it shares with any other text hidden in this haystack."""
+        return min((self._boundary(size, depth) for depth in depths), default=size)
+
     def _boundary(self, size: int, depth: float) -> int:
         place = min(size, max(0, round(depth * size)))
         while 0 < place < size and not self._ends[(place - 1) % len(self._pieces)]:

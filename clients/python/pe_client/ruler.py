@@ -89,6 +89,7 @@ class _Prompt:
     text: str
     tokens: list[int]
     answers: tuple[str, ...]
+    shared_words: int | None
 
 
 async def async_ruler(
@@ -115,6 +116,11 @@ async def async_ruler(
     The grid is checked before any request but GET /models (and GET /v1/models for an alias)
     (GridError): tasks, SPECs, lengths against `max_context` and the room each task's answer needs. All
     prompts are fitted before the first generation. `on_sample` is called as each answer arrives.
+
+    A needle or variable task's prompts of one length share their haystack up to their first
+    item, so under each configuration they go one after another (a chain, most shared haystack
+    first: the server's prefix cache then holds what each later prompt opens with); the chains and
+    the other samples run together, at most `concurrency` at once.
     """
     checked_tasks = check_tasks(tasks)
     if samples < 1:
@@ -151,8 +157,10 @@ async def async_ruler(
                 except GridError as exc:
                     raise GridError(f"{task} at length {length}: {exc}") from exc
                 _check_fill(task, length, len(fitted.tokens))
-                text = fitted.prompt.chat_text if chat else fitted.prompt.completion_text
-                prompts.append(_Prompt(task, length, text, fitted.tokens, fitted.prompt.answers))
+                prompt = fitted.prompt
+                text = prompt.chat_text if chat else prompt.completion_text
+                tokens = fitted.tokens
+                prompts.append(_Prompt(task, length, text, tokens, prompt.answers, prompt.shared_words))
                 previous = fitted
             return prompts
 
@@ -166,34 +174,44 @@ async def async_ruler(
     prompts = [prompt for group in groups for prompt in group]
     started = time.perf_counter()
 
-    def job(prompt: _Prompt, configuration: Configuration) -> Callable[[], Awaitable[RulerSample]]:
-        async def run() -> RulerSample:
-            output = await greedy_text(
-                client,
-                target=target,
-                tokens=prompt.tokens,
-                configuration=configuration,
-                max_new_tokens=answer_tokens(prompt.task),
-            )
-            scaling, attention = configuration
-            return RulerSample(
-                task=prompt.task,
-                length=prompt.length,
-                scaling=scaling,
-                attention=attention,
-                prompt=prompt.text,
-                prompt_tokens=len(prompt.tokens),
-                answers=list(prompt.answers),
-                output=output,
-            )
+    async def ask(prompt: _Prompt, configuration: Configuration) -> RulerSample:
+        output = await greedy_text(
+            client,
+            target=target,
+            tokens=prompt.tokens,
+            configuration=configuration,
+            max_new_tokens=answer_tokens(prompt.task),
+        )
+        scaling, attention = configuration
+        sample = RulerSample(
+            task=prompt.task,
+            length=prompt.length,
+            scaling=scaling,
+            attention=attention,
+            prompt=prompt.text,
+            prompt_tokens=len(prompt.tokens),
+            answers=list(prompt.answers),
+            output=output,
+        )
+        if on_sample is not None:
+            on_sample(sample)
+        return sample
 
-        return run
+    def job(chain: list[int], configuration: Configuration) -> Callable[[], Awaitable[list[RulerSample]]]:
+        async def ask_in_turn() -> list[RulerSample]:
+            return [await ask(prompts[index], configuration) for index in chain]
 
-    answered = await gather_all(
-        [job(prompt, configuration) for configuration in grid for prompt in prompts],
-        concurrency=concurrency,
-        on_done=on_sample,
+        return ask_in_turn
+
+    chains = _chains(prompts)
+    jobs = [(index, chain) for index in range(len(grid)) for chain in chains]
+    answers = await gather_all(
+        [job(chain, grid[index]) for index, chain in jobs], concurrency=concurrency, on_done=None
     )
+    asked: dict[tuple[int, int], RulerSample] = {}
+    for (index, chain), chain_answers in zip(jobs, answers, strict=True):
+        asked.update(((index, prompt), sample) for prompt, sample in zip(chain, chain_answers, strict=True))
+    answered = [asked[index, prompt] for index in range(len(grid)) for prompt in range(len(prompts))]
     return RulerResult(
         model=target.name,
         cells=_cells(grid, answered),
@@ -234,6 +252,21 @@ def ruler(
             on_sample=on_sample,
         ),
     )
+
+
+def _chains(prompts: Sequence[_Prompt]) -> list[list[int]]:
+    """The prompts (by index) a configuration asks in turn. A task's prompts of one length that
+    open with the same haystack go in one chain, most shared words first: the server's prefix cache
+    then holds the opening each later one shares with the one before. A prompt that shares only
+    its intro goes alone."""
+    shared: defaultdict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    alone: list[list[int]] = []
+    for index, prompt in enumerate(prompts):
+        if prompt.shared_words is None:
+            alone.append([index])
+        else:
+            shared[prompt.task, prompt.length].append((-prompt.shared_words, index))
+    return [[index for _, index in sorted(chain)] for chain in shared.values()] + alone
 
 
 def _budget(task: str, length: int, card: ModelInfo) -> int:

@@ -62,12 +62,18 @@ FWE_MIN_WORDS = math.ceil(_ZETA_2 / (1 / (FWE_ANSWERS + 1) ** 2 - 1 / (FWE_ANSWE
 
 @dataclass(frozen=True)
 class TaskPrompt:
-    """One sample's prompt in parts, and what a correct answer must contain."""
+    """One sample's prompt in parts, and what a correct answer must contain.
+
+    `shared_words`: for a task that hides items in the haystack, the haystack words before the
+    first item; every prompt of the task opens with its intro and the same stream of words, so
+    two of them share their text up to the lesser of their `shared_words`. None for a task whose
+    whole text is drawn per sample (it shares only its intro)."""
 
     text: str
     question: str
     answer_prefix: str
     answers: tuple[str, ...]
+    shared_words: int | None = None
 
     @property
     def completion_text(self) -> str:
@@ -162,10 +168,7 @@ def _niah(seed: str, haystack: Haystack, *, keys: int, values_per_key: int) -> R
     else:
         question = f"What are all the special magic numbers for {asked} mentioned in the text above?"
         prefix = f"The special magic numbers for {asked} mentioned in the text are"
-    return Recipe(
-        min_size=0,
-        build=lambda size: TaskPrompt(NIAH_INTRO + haystack.hide(size, hidden), question, prefix, answers),
-    )
+    return _hidden_in(haystack, NIAH_INTRO, hidden, question, prefix, answers)
 
 
 def _variable_tracking(seed: str, haystack: Haystack) -> Recipe:
@@ -179,10 +182,25 @@ def _variable_tracking(seed: str, haystack: Haystack) -> Recipe:
     hidden = list(zip(sorted(draw.random() for _ in chain), chain, strict=True))
     question = f"Which variables are assigned the value {value} in the text above? Name all of them."
     prefix = f"The {len(names)} variables assigned the value {value} are:"
-    return Recipe(
-        min_size=0,
-        build=lambda size: TaskPrompt(VT_INTRO + haystack.hide(size, hidden), question, prefix, tuple(names)),
-    )
+    return _hidden_in(haystack, VT_INTRO, hidden, question, prefix, tuple(names))
+
+
+def _hidden_in(
+    haystack: Haystack,
+    intro: str,
+    hidden: Sequence[tuple[float, str]],
+    question: str,
+    prefix: str,
+    answers: tuple[str, ...],
+) -> Recipe:
+    """A recipe whose size is the haystack's words, `hidden` at their depths."""
+    depths = [depth for depth, _ in hidden]
+
+    def build(size: int) -> TaskPrompt:
+        text = intro + haystack.hide(size, hidden)
+        return TaskPrompt(text, question, prefix, answers, shared_words=haystack.words_before(size, depths))
+
+    return Recipe(min_size=0, build=build)
 
 
 def _common_words(seed: str, repeats: tuple[int, int]) -> Recipe:
