@@ -11,11 +11,14 @@ the mean of RULER's `string_match_all` over the cell's dumped samples.
 
     python -m bench.ruler                                   # the headline grid (hours on 2 cores)
     python -m bench.ruler --lengths 4096,8192 --configs none,self_extend --samples 10
+    python -m bench.ruler --resume --lengths 16384 --configs none          # adds a length
 
 Writes `bench/results/ruler.{json,md}` and `ruler.{png,svg}` (one heatmap per configuration); each
 group is recorded as it ends, so a run cut short keeps what it measured; each group's dump (every
-prompt, up to 16k tokens each) is left in `/tmp/ruler-<configurations>.jsonl`, the record keeps
-each sample's answers, output and size. `--report` rewrites the report and plots from the JSON.
+prompt, up to 16k tokens each) is left in `/tmp/ruler-<configurations>-<lengths>.jsonl`, the
+record keeps each sample's answers, output and size. `--resume` skips a group already recorded at
+the same lengths; the report merges every group's cells into one table. `--report` rewrites the
+report and plots from the JSON.
 """
 
 from __future__ import annotations
@@ -123,6 +126,9 @@ def run_group(url: str, model: str, group: Group, args: argparse.Namespace, dump
     samples = [RulerSample.model_validate_json(line) for line in dump.read_text().splitlines() if line]
     return {
         "configurations": list(group.names),
+        "lengths": [int(length) for length in args.lengths.split(",")],
+        "commit": revision(),
+        "finished": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
         "command": "pe-client ruler " + shlex.join(command[command.index("ruler") + 1 :]),
         "wall_s": wall_s,
         "result": result,
@@ -194,7 +200,7 @@ def run(args: argparse.Namespace) -> None:
     record: dict[str, Any] = {"groups": []}
     if args.resume and RECORD.exists():
         record = json.loads(RECORD.read_text())
-    done = {tuple(group["configurations"]) for group in record["groups"]}
+    done = {(tuple(group["configurations"]), tuple(group_lengths(group))) for group in record["groups"]}
     record["run"] = {
         "commit": revision(),
         "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
@@ -208,9 +214,10 @@ def run(args: argparse.Namespace) -> None:
         with PEClient(server.base_url) as client:
             model = client.models()[0].name
         for group in planned:
-            if group.names in done:
+            if (group.names, tuple(lengths)) in done:
                 continue
-            dump = Path(f"/tmp/ruler-{'-'.join(group.names)}.jsonl".replace("+", "_"))
+            name = "-".join([*group.names, *map(str, lengths)])
+            dump = Path(f"/tmp/ruler-{name}.jsonl".replace("+", "_"))
             stage = run_group(server.base_url, model, group, args, dump)
             checks = {
                 key: value for key, value in stage["checks"].items() if key != "cells_not_matching_dump"
@@ -223,12 +230,27 @@ def run(args: argparse.Namespace) -> None:
             REPORT.write_text(render_report(record))
 
 
+def group_lengths(group: dict[str, Any]) -> list[int]:
+    """The lengths a group's call asked (records before this field: its cells' lengths)."""
+    return group.get("lengths") or sorted({cell["length"] for cell in group["result"]["cells"]})
+
+
+def latest_cells(record: dict[str, Any]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """Every (configuration, task, length) cell the groups measured, by configuration name; a
+    cell measured again is the later group's."""
+    cells: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for group in record["groups"]:
+        names = dict(zip(_configuration_keys(group), group["configurations"], strict=True))
+        for cell in group["result"]["cells"]:
+            cells[names[_configuration_key(cell)], cell["task"], cell["length"]] = cell
+    return cells
+
+
 def combined(record: dict[str, Any]) -> RulerResult:
-    """Every group's cells as one result, for one plot."""
-    results = [group["result"] for group in record["groups"]]
+    """Every measured cell as one result, for one plot."""
     return RulerResult(
-        model=results[0]["model"],
-        cells=[RulerCell.model_validate(cell) for result in results for cell in result["cells"]],
+        model=record["groups"][0]["result"]["model"],
+        cells=[RulerCell.model_validate(cell) for cell in latest_cells(record).values()],
         wall_s=math.fsum(group["wall_s"] for group in record["groups"]),
         samples=[],
         chat=True,
@@ -243,22 +265,43 @@ def save_plots(record: dict[str, Any]) -> None:
 
 
 def render_report(record: dict[str, Any]) -> str:
-    run = record["run"]
+    """The merged table first (configuration x task by length), then each call: its command,
+    commit, wall time and the checks on its dump."""
     lines = [
         "# RULER-style tasks on SmolLM2-135M-Instruct",
         "",
-        f"Made by `{run['command']}` at `{run['commit']}` ({run.get('finished', 'unfinished')}),"
-        f" {run['machine']}: a real `pe-serve` ({run['server_flags']}) driven by the CLI,"
-        " `pe-client ruler --json --dump`, once per group of configurations below. Native context"
-        f" {NATIVE}. A cell is the mean of RULER's `string_match_all` (the share of expected answers"
-        " found in the greedy output) over its samples; the same prompts under every configuration.",
+        f"Made by `python -m bench.ruler` ({record['run']['machine']}): a real `pe-serve`"
+        f" ({record['run']['server_flags']}) driven by the CLI, `pe-client ruler --json --dump`,"
+        f" once per group of configurations and lengths below. Native context {NATIVE}. A cell is"
+        " the mean of RULER's `string_match_all` (the share of expected answers found in the greedy"
+        " output) over its samples (in parentheses); the same prompts under every configuration.",
         "",
     ]
-    lengths = sorted({cell.length for cell in combined(record).cells}) if record["groups"] else []
+    cells = latest_cells(record)
+    lengths = sorted({length for _, _, length in cells})
+    rows: dict[tuple[str, str], dict[int, str]] = defaultdict(dict)
+    for (name, task, length), cell in cells.items():
+        rows[name, task][length] = f"{cell['score']:.0%} ({cell['samples']})"
+    lines += [
+        "| configuration | task | " + " | ".join(map(str, lengths)) + " |",
+        "|---|---" + "|---" * len(lengths) + "|",
+        *(
+            f"| {name} | {task} | " + " | ".join(scores.get(length, "—") for length in lengths) + " |"
+            for (name, task), scores in rows.items()
+        ),
+        "",
+        "## Runs",
+        "",
+    ]
     for group in record["groups"]:
         checks = group["checks"]
+        when = ", ".join(
+            [f"at `{group['commit']}`" if "commit" in group else "commit not recorded"]
+            + ([group["finished"]] if "finished" in group else [])
+        )
         lines += [
-            f"**{', '.join(group['configurations'])}**: {group['wall_s'] / 60:.1f} min, `{group['command']}`",
+            f"**{', '.join(group['configurations'])}** at {', '.join(map(str, group_lengths(group)))}:"
+            f" {group['wall_s'] / 60:.1f} min, {when}: `{group['command']}`",
             "",
             f"- {checks['samples']} samples; answers missing from their prompt:"
             f" {len(checks['answers_not_in_prompt'])}; prompt tokens / length"
@@ -267,19 +310,7 @@ def render_report(record: dict[str, Any]) -> str:
             f" samples: {len(checks['cells_not_matching_dump'])}"
             f" of {checks['cells']}.",
             "",
-            "| configuration | task | " + " | ".join(map(str, lengths)) + " |",
-            "|---|---" + "|---" * len(lengths) + "|",
         ]
-        rows: dict[tuple[str, str], dict[int, str]] = defaultdict(dict)
-        names = dict(zip(_configuration_keys(group), group["configurations"], strict=True))
-        for cell in group["result"]["cells"]:
-            name = names[_configuration_key(cell)]
-            rows[name, cell["task"]][cell["length"]] = f"{cell['score']:.0%} ({cell['samples']})"
-        for (name, task), scores in rows.items():
-            lines.append(
-                f"| {name} | {task} | " + " | ".join(scores.get(length, "—") for length in lengths) + " |"
-            )
-        lines.append("")
     lines += ["![RULER](ruler.png)", ""] if record["groups"] else []
     return "\n".join(lines)
 
