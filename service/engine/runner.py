@@ -172,10 +172,8 @@ class ModelRunner:
 
     def _fast_takes(self, rule: AttentionRule | None, decode: bool) -> bool:
         """Whether the fast decoder runs a row under `rule`: a row without one, and in a decode
-        pass a rule it decodes (a streaming row in C)."""
-        if rule is None:
-            return True
-        return decode and self.fast is not None and self.fast.decodes_under(rule)
+        pass a rule it decodes (`FastDecoder.decodes_under`: a streaming row in C)."""
+        return rule is None or (decode and self.fast is not None and self.fast.decodes_under(rule))
 
     def _refresh(self, rows: PassRows, view: PagedRows) -> dict[int, Exception]:
         """Recompute rows whose table changed; a row whose recomputation raises fails alone."""
