@@ -117,6 +117,7 @@ def run_group(url: str, model: str, group: Group, args: argparse.Namespace, dump
         *group.arguments(),
     ]
     log("$ " + shlex.join(command[1:]))
+    commit = revision()  # the code that runs the call, whatever is committed while it runs
     started = time.perf_counter()
     run = subprocess.run(command, capture_output=True, text=True, check=False)
     if run.returncode != 0:
@@ -127,7 +128,7 @@ def run_group(url: str, model: str, group: Group, args: argparse.Namespace, dump
     return {
         "configurations": list(group.names),
         "lengths": [int(length) for length in args.lengths.split(",")],
-        "commit": revision(),
+        "commit": commit,
         "finished": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
         "command": "pe-client ruler " + shlex.join(command[command.index("ruler") + 1 :]),
         "wall_s": wall_s,
