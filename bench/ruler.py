@@ -202,10 +202,9 @@ def run(args: argparse.Namespace) -> None:
     if args.resume and RECORD.exists():
         record = json.loads(RECORD.read_text())
     done = {(tuple(group["configurations"]), tuple(group_lengths(group))) for group in record["groups"]}
+    # What every group shares; each group records its own command, commit and finish time.
     record["run"] = {
-        "commit": revision(),
         "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
-        "command": "python -m bench.ruler " + shlex.join(sys.argv[1:]),
         "server_flags": f"--max-context {MAX_CONTEXT} (else defaults)",
     }
     gguf = subprocess.run(
@@ -225,7 +224,6 @@ def run(args: argparse.Namespace) -> None:
             }
             log(f"  {stage['wall_s']:.0f} s, checks: {json.dumps(checks)}")
             record["groups"].append(stage)
-            record["run"]["finished"] = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
             RECORD.write_text(json.dumps(record, indent=1) + "\n")
             save_plots(record)
             REPORT.write_text(render_report(record))

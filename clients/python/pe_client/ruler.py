@@ -82,14 +82,14 @@ class RulerResult(BaseModel):
 
 @dataclass(frozen=True)
 class _Prompt:
-    """A fitted sample ready to ask: where it belongs, its text and token ids, and the answers."""
+    """A fitted sample ready to ask: where it belongs, the task's prompt, and the text and token
+    ids sent for it (chat or completion form)."""
 
     task: str
     length: int
+    task_prompt: TaskPrompt
     text: str
     tokens: list[int]
-    answers: tuple[str, ...]
-    shared_words: int | None
 
 
 async def async_ruler(
@@ -159,8 +159,7 @@ async def async_ruler(
                 _check_fill(task, length, len(fitted.tokens))
                 prompt = fitted.prompt
                 text = prompt.chat_text if chat else prompt.completion_text
-                tokens = fitted.tokens
-                prompts.append(_Prompt(task, length, text, tokens, prompt.answers, prompt.shared_words))
+                prompts.append(_Prompt(task, length, prompt, text, fitted.tokens))
                 previous = fitted
             return prompts
 
@@ -190,7 +189,7 @@ async def async_ruler(
             attention=attention,
             prompt=prompt.text,
             prompt_tokens=len(prompt.tokens),
-            answers=list(prompt.answers),
+            answers=list(prompt.task_prompt.answers),
             output=output,
         )
         if on_sample is not None:
@@ -262,10 +261,10 @@ def _chains(prompts: Sequence[_Prompt]) -> list[list[int]]:
     shared: defaultdict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
     alone: list[list[int]] = []
     for index, prompt in enumerate(prompts):
-        if prompt.shared_words is None:
+        if prompt.task_prompt.shared_words is None:
             alone.append([index])
         else:
-            shared[prompt.task, prompt.length].append((-prompt.shared_words, index))
+            shared[prompt.task, prompt.length].append((-prompt.task_prompt.shared_words, index))
     return [[index for _, index in sorted(chain)] for chain in shared.values()] + alone
 
 
