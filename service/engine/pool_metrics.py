@@ -72,6 +72,14 @@ _POOL_FIGURES: tuple[
         lambda pool: resident_bytes(pool),
     ),
     (
+        GaugeMetricFamily,
+        "pe_kv_side_bytes",
+        "Bytes running rows under an attention rule keep beside the model's KV cache pool, outside "
+        "pe_kv_cache_bytes: their keys turned for the rule, and their windows copied where their "
+        "blocks are not consecutive.",
+        lambda pool: pool.side_bytes,
+    ),
+    (
         CounterMetricFamily,
         "pe_prefix_cache_queries",
         "Prompt tokens of generations admitted with a prefix to look up in the model's cache.",

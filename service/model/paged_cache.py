@@ -43,7 +43,7 @@ from service.model.attention_rules import AttentionRule
 from service.model.config import ModelConfig
 from service.model.kernels.huge_pages import HugePageArena
 from service.model.kv_cache import KVCache
-from service.model.rule_attention import TurnedKeys, Windows
+from service.model.rule_attention import TurnedKeys, Windows, grown_capacity
 
 BLOCK_SIZE = 16
 SCRATCH_BLOCK = 0  # what padded block tables name; 0, so that zero padding names it too
@@ -64,6 +64,11 @@ class PagedRow:
     turned: TurnedKeys | None = None  # its keys turned for its attention rule, made on first use
     copy: WindowCopy | None = None  # its window kept contiguous under a rule, where its blocks are not a run
 
+    @property
+    def side_bytes(self) -> int:
+        """What its copies beside the pool hold (`turned`, `copy`)."""
+        return sum(kept.nbytes for kept in (self.turned, self.copy) if kept is not None)
+
 
 class WindowCopy:
     """A rule row's key and value windows kept contiguous across its passes, per layer.
@@ -75,11 +80,18 @@ class WindowCopy:
     (a failed pass's slots past them are copied again), and a row that gave back blocks
     (`PagedKVCache.slide`, its slots moved) or was recomputed (`PagedRows.replace_row`) is copied
     afresh. Like its turned keys, it lives beside the pool, outside its bound: such a row holds its
-    entries twice."""
+    entries twice. It grows as `TurnedKeys` does, up to the row's reservation."""
 
     def __init__(self) -> None:
         self._kept: dict[int, tuple[Tensor, Tensor, int]] = {}  # layer: keys, values, slots copied
         self._dropped = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(
+            keys.numel() * keys.element_size() + values.numel() * values.element_size()
+            for keys, values, _ in self._kept.values()
+        )
 
     def windows(
         self, layer: int, pages: tuple[Tensor, Tensor], row: PagedRow, block_size: int, window: int
@@ -94,7 +106,8 @@ class WindowCopy:
         first_block = min(copied, row.length) // block_size
         first = first_block * block_size
         if keys is None or values is None or keys.shape[1] < window:
-            capacity = max(window, 2 * (keys.shape[1] if keys is not None else 0))
+            held = keys.shape[1] if keys is not None else 0
+            capacity = grown_capacity(window, held, len(row.blocks) * block_size)
             grown = [page.new_empty((page.shape[0], capacity, page.shape[-1])) for page in pages]
             if keys is not None and values is not None:
                 grown[0][:, :first], grown[1][:, :first] = keys[:, :first], values[:, :first]
@@ -145,6 +158,7 @@ class PagedKVCache:
         self.key_positions = torch.zeros((num_blocks, block_size), dtype=torch.long, device=device)
         self._free = list(range(num_blocks - 1, SCRATCH_BLOCK, -1))
         self._references = [0] * num_blocks
+        self._rows: set[PagedRow] = set()  # rows holding blocks, for what they hold beside the pool
         self._key_of: dict[int, bytes] = {}  # published blocks and their prefix keys
         self._published: dict[bytes, int] = {}
         self._idle: OrderedDict[int, None] = OrderedDict()  # published, unused: oldest first
@@ -201,6 +215,12 @@ class PagedKVCache:
     def nbytes(self) -> int:
         return sum(buffer.numel() * buffer.element_size() for buffer in self.keys + self.values)
 
+    @property
+    def side_bytes(self) -> int:
+        """What the rows now holding blocks keep beside the pool, outside `nbytes`: rows under an
+        attention rule, their keys turned for it and their windows copied (`PagedRow.side_bytes`)."""
+        return sum(row.side_bytes for row in self._rows)
+
     def blocks_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.block_size)
 
@@ -230,7 +250,9 @@ class PagedKVCache:
             self.key_positions[fresh[0], :count] = self.key_positions[block, :count]
             self._unreference(block)
             length += count
-        return PagedRow(shared + fresh, length=length)
+        row = PagedRow(shared + fresh, length=length)
+        self._rows.add(row)
+        return row
 
     def publish(self, row: PagedRow) -> None:
         """Offer the row's whole prompt blocks (`row.prefix`, once written) to later requests; a
@@ -262,10 +284,13 @@ class PagedKVCache:
         return row.blocks != before
 
     def release(self, row: PagedRow) -> None:
-        """Give the row's blocks back; published ones stay cached until evicted, the tail first."""
+        """Give the row's blocks back, and its copies with them; published blocks stay cached until
+        evicted, the tail first."""
         for block in reversed(row.blocks):
             self._unreference(block)
         row.blocks = []
+        row.turned = row.copy = None
+        self._rows.discard(row)
 
     def _unreference(self, block: int) -> None:
         self._references[block] -= 1
@@ -377,7 +402,7 @@ class PagedRows:
         across its passes (None for the other rows)."""
         for row, rule in zip(self.rows, rules, strict=True):
             if row.turned is None and rule is not None and rule.moves_pairs:
-                row.turned = TurnedKeys()
+                row.turned = TurnedKeys(limit=len(row.blocks) * self.pool.block_size)
         return [row.turned for row in self.rows]
 
     def reserve(self, new_tokens: int) -> None:

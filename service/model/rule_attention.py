@@ -70,11 +70,18 @@ class TurnedKeys:
     again), so a placement that first appears late (DCA's, once the text passes its stride) turns
     every slot. Turned keys depend on the rule and on the row's frequencies (`owner`): a change
     of either (a dynamic table's next bucket) turns everything again. The copy lives beside the
-    pool, outside its bound: a row under a rule that moves keys holds its keys twice."""
+    pool, outside its bound: a row under a rule that moves keys holds its keys twice. A window grows
+    by doubling, up to `limit` slots (the row's reservation) where the row has one, so that the
+    copy never holds more slots than the row can fill."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self.owner: object = None
+        self.limit = limit
         self._kept: dict[tuple[int, int], tuple[Tensor, int]] = {}  # (layer, placement): keys, turned
+
+    @property
+    def nbytes(self) -> int:
+        return sum(keys.numel() * keys.element_size() for keys, _ in self._kept.values())
 
     def begin(self, owner: object) -> None:
         """A pass of the row under `owner` starts: what was turned under another is dropped."""
@@ -91,7 +98,7 @@ class TurnedKeys:
         buffer, turned = self._kept.get((layer, view), (None, 0))
         first = min(turned, past)
         if buffer is None or buffer.shape[1] < length:
-            capacity = max(length, 2 * (buffer.shape[1] if buffer is not None else 0))
+            capacity = grown_capacity(length, buffer.shape[1] if buffer is not None else 0, self.limit)
             grown = keys.new_empty((keys.shape[0], capacity, keys.shape[2]))
             if buffer is not None:
                 grown[:, :first] = buffer[:, :first]
@@ -100,6 +107,14 @@ class TurnedKeys:
         buffer[:, first:length] = apply_rope(keys[:, first:], cos[first:], sin[first:], layout=layout)
         self._kept[(layer, view)] = (buffer, length)
         return buffer[:, :length]
+
+
+def grown_capacity(needed: int, held: int, limit: int | None) -> int:
+    """The slots a kept copy grows to when it must hold `needed` and holds `held`: twice as many, so
+    that a row growing a chunk at a time copies its window a logarithmic number of times, but never
+    more than `limit` (what the row can fill) unless `needed` is more."""
+    doubled = 2 * held if limit is None else min(2 * held, limit)
+    return max(needed, doubled)
 
 
 class RuleRow(NamedTuple):

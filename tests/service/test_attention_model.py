@@ -28,7 +28,7 @@ from service.model.attention_rules import (
     StandardAttention,
     StreamingAttention,
 )
-from service.model.paged_cache import PagedRows
+from service.model.paged_cache import PagedRows, bytes_per_token
 from service.model.transformer import Transformer, rms_norm
 from tests.conftest import tiny_transformer
 from tests.references.dca import dca_attention
@@ -124,7 +124,13 @@ def incremental_logprobs(
     row = pool.allocate(len(tokens))
     if scattered:
         row.blocks.reverse()
-    rows = PagedRows(pool, [row])
+    return decode_over(model, tokens, rule, PagedRows(pool, [row]))
+
+
+def decode_over(
+    model: Transformer, tokens: list[int], rule: AttentionRule | None, rows: PagedRows
+) -> torch.Tensor:
+    """[T, V]: the prompt in one pass over `rows` (one row), then one token per pass."""
     outputs = []
     with torch.inference_mode():
         for begin, end in [(0, PROMPT), *((step, step + 1) for step in range(PROMPT, len(tokens)))]:
@@ -273,3 +279,21 @@ def test_the_fused_kernel_equals_the_score_matrix_path(scheme: str, monkeypatch:
         matrix = [torch.log_softmax(tiny(tokens, attention=[rule])[0], dim=-1) for rule in rules]
     for rule, one, other in zip(rules, fused, matrix, strict=True):
         assert (one - other).abs().max().item() < 1e-5, rule
+
+
+def test_a_rule_rows_copies_stay_within_its_reservation_and_leave_with_its_blocks() -> None:
+    """A Self-Extend row on scattered blocks keeps its keys turned for the rule and its window
+    copied, beside the pool; they grow by doubling as the row decodes, but never past the slots it
+    reserved, the pool reports them (`pe_kv_side_bytes`), and they go when its blocks go back."""
+    tiny = model()
+    pool = pool_for(tiny)
+    row = pool.allocate(LENGTH)
+    row.blocks.reverse()
+    decode_over(tiny, text(4), SelfExtendAttention(group_size=3, window=10), PagedRows(pool, [row]))
+    reserved = len(row.blocks) * pool.block_size  # 80 slots for 70 tokens
+    assert row.turned is not None and row.copy is not None
+    # the window copy holds keys and values, the turned keys one placement's keys: 1.5x the entries
+    entries = bytes_per_token(tiny.config, torch.float32) * reserved
+    assert pool.side_bytes == row.side_bytes == entries * 3 // 2
+    pool.release(row)
+    assert pool.side_bytes == 0 and row.turned is None and row.copy is None

@@ -204,6 +204,7 @@ def test_metrics_report_each_models_kv_pool(client: httpx.Client) -> None:
         "pe_kv_cache_capacity_tokens",
         "pe_kv_cache_bytes",
         "pe_kv_cache_resident_bytes",
+        "pe_kv_side_bytes",
     )
     for name in names:
         assert f"# HELP {name} " in text, name
@@ -212,6 +213,7 @@ def test_metrics_report_each_models_kv_pool(client: httpx.Client) -> None:
     assert metric_value(client, 'pe_kv_cache_bytes{model="tiny-rope"}') > 0
     resident = metric_value(client, 'pe_kv_cache_resident_bytes{model="tiny-rope"}')
     assert 0 < resident <= metric_value(client, 'pe_kv_cache_bytes{model="tiny-rope"}')
+    assert metric_value(client, 'pe_kv_side_bytes{model="tiny-rope"}') == 0.0  # no row holds copies
     assert metric_value(client, 'pe_decode_backend{backend="c",model="tiny-rope"}') == 1.0
 
 
