@@ -21,3 +21,8 @@ def revision() -> str:
     """The checkout's short revision; `BENCH_COMMIT` names it for a copy outside git (`git archive`)."""
     run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
     return run.stdout.strip() or os.environ.get("BENCH_COMMIT", "unknown")
+
+
+def command_block(*commands: str, title: str = "Command:") -> list[str]:
+    """A report's closing lines: the commands that made it, as one bash block to copy."""
+    return [title, "", "```bash", *commands, "```", ""]

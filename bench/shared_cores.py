@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 from pe_client.corpora import corpus_text
 
-from bench.run_record import log, revision
+from bench.run_record import command_block, log, revision
 from service.model.bundled import bundled_model
 from service.omp_wait import SPIN_ROUNDS
 from tests.live_server import live_server
@@ -236,12 +236,7 @@ def report(figures: dict[str, dict[str, float]], command: str, load: tuple[float
         f" beside a second server {default['zoo_beside_server_s'] / bound['zoo_beside_server_s']:.2f}x"
         " (above 1: faster).",
         "",
-        "Command:",
-        "",
-        "```bash",
-        command,
-        "```",
-        "",
+        *command_block(command),
     ]
     return "\n".join(lines)
 

@@ -44,6 +44,7 @@ from pe_client.scaling import PEScaling
 from pe_client.sweep import leading_tokens, score_passes
 from pe_client.types import ScoreRequest
 
+from bench.run_record import command_block
 from bench.serving import code_revision
 from tests.live_server import live_server
 
@@ -172,12 +173,7 @@ def report(figures: dict[str, object], command: str, repeats: int) -> str:
         "The sweep's cells against the same cells each scored alone: largest difference "
         f"{figures['largest_difference']:.2e} bits per token (the SPEC allows 1e-3).",
         "",
-        "Command:",
-        "",
-        "```bash",
-        command,
-        "```",
-        "",
+        *command_block(command),
     ]
     return "\n".join(lines)
 

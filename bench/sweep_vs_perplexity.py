@@ -64,6 +64,7 @@ from pe_client.sweep import leading_tokens
 from pe_client.types import ScoreRequest
 
 from bench.real_model import LLAMA_SERVER, f32_gguf, smollm2_q4_1
+from bench.run_record import command_block
 from bench.serving import code_revision, free_port
 from tests.live_server import LiveServer, live_server
 
@@ -401,14 +402,12 @@ def report(
         "while llama-perplexity runs. Warm-up before the repeats: the model file read once, one 512-token "
         "`/score` per scaling.",
         "",
-        "Commands (PORT is the server's):",
-        "",
-        "```bash",
-        f"{server_command}",
-        shlex.join(sweep_command(url, grid)),
-        *(shlex.join(perplexity_command(model, scaling)) for scaling in grid),
-        "```",
-        "",
+        *command_block(
+            server_command,
+            shlex.join(sweep_command(url, grid)),
+            *(shlex.join(perplexity_command(model, scaling)) for scaling in grid),
+            title="Commands (PORT is the server's):",
+        ),
         f"llama-perplexity's defaults: threads `{threads}` (its `system_info` line), `-b 2048 -ub 512`, "
         "F16 KV cache, flash attention `auto`. The ntk x2 base is 100000 * 2^(64/62) (pe-serve's "
         "`ntk` formula, base * factor^(d/(d-2)), d = 64); llama.cpp has no static NTK-aware flag.",
