@@ -3,12 +3,15 @@ loads the runtime.
 
 libgomp, the OpenMP runtime torch and the C kernels share, has a worker that reaches a barrier
 early spin for `GOMP_SPINCOUNT` rounds before it sleeps on a futex: 300,000 by default, each a
-`pause` instruction. On cores of its own that spin is cheap and keeps a step's
-barriers fast. Beside any other busy process (a second server, the benchmark's client, a test run,
-the API process streaming to 16 clients) it is ruinous: the spinning workers hold the time slices
-the late worker needs to reach the barrier. On two cores shared with another engine, the zoo's
-one-pass sweep (four 4096-token `/score`) took 13.4 s a pass with libgomp's default against
-1.8 s with 10,000 rounds (0.8 s on a quiet machine; `bench/results/shared_cores.md`).
+`pause` instruction. On cores of its own that spin keeps a step's barriers fast. Beside any other
+busy process (a second server, a client, a test run) the spinning workers hold the time slices the
+late worker needs to reach the barrier. On two cores (`bench/results/shared_cores.md`), one pass
+of the zoo's sweep (four 4096-token `/score`) took 0.78 s alone, 3.93 s beside a busy Python loop
+with libgomp's default and 1.69 s with 10,000 rounds; beside a long SmolLM2 prefill in another
+server, 13.4 s against 1.8 s (a probe). Alone, 10,000 rounds cost nothing measurable (SmolLM2
+decodes 56.7 tokens/s for one client against 52.1, 268 for 16 against 267). Workers that never
+spin (`OMP_WAIT_POLICY=PASSIVE`) did better still beside a neighbour (1.36 s) and as well alone on
+two cores; a bound rather than none keeps a many-core team's short waits off the futex.
 
 `GOMP_SPINCOUNT` is read once, when libgomp loads (`import torch`), so this runs as the
 `service` package is imported: the engine process, which imports it before torch, and every
