@@ -90,7 +90,7 @@ class WindowCopy:
     def nbytes(self) -> int:
         return sum(
             keys.numel() * keys.element_size() + values.numel() * values.element_size()
-            for keys, values, _ in self._kept.values()
+            for keys, values, _ in list(self._kept.values())
         )
 
     def windows(
@@ -218,8 +218,10 @@ class PagedKVCache:
     @property
     def side_bytes(self) -> int:
         """What the rows now holding blocks keep beside the pool, outside `nbytes`: rows under an
-        attention rule, their keys turned for it and their windows copied (`PagedRow.side_bytes`)."""
-        return sum(row.side_bytes for row in self._rows)
+        attention rule, their keys turned for it and their windows copied (`PagedRow.side_bytes`).
+        Read by `/metrics`, on another thread when the engine runs on one: each collection is
+        copied (`list`, one step under the interpreter lock) before it is walked."""
+        return sum(row.side_bytes for row in list(self._rows))
 
     def blocks_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.block_size)

@@ -81,7 +81,7 @@ class TurnedKeys:
 
     @property
     def nbytes(self) -> int:
-        return sum(keys.numel() * keys.element_size() for keys, _ in self._kept.values())
+        return sum(keys.numel() * keys.element_size() for keys, _ in list(self._kept.values()))
 
     def begin(self, owner: object) -> None:
         """A pass of the row under `owner` starts: what was turned under another is dropped."""
