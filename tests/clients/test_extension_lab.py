@@ -25,8 +25,8 @@ from pe_client import AsyncPEClient, PEClient, async_sweep, passkey, ruler, swee
 from pe_client.attention import SelfExtendAttention
 from pe_client.cli import main
 from pe_client.grid import GridError
-from pe_client.lab_output import plot_ruler, sweep_table
-from pe_client.passkey import wilson_interval
+from pe_client.lab_output import plot_passkey, plot_ruler, sweep_table
+from pe_client.passkey import PasskeyCell, PasskeyResult, wilson_interval
 from pe_client.ruler import RulerCell, RulerResult
 from pe_client.ruler_tasks import TASKS, string_match_all
 from pe_client.scaling import LongRopeScaling, NoScaling, YarnScaling
@@ -386,6 +386,21 @@ def test_a_ruler_plot_of_groups_with_different_lengths_leaves_the_missing_cells_
     plot_ruler(RulerResult(model="m", cells=cells, wall_s=1.0, samples=[], chat=True), plot)
     drawn = plot.read_text()
     assert drawn.count("—") == 2 and "50%" in drawn
+
+
+def test_a_passkey_plot_of_stages_run_apart_leaves_the_missing_cells_blank(tmp_path: Path) -> None:
+    """bench.attention merges passkey stages run apart (none at 8k and 12k, yarn at 12k only): the
+    plot draws every configuration's cells and marks a length one lacks instead of failing."""
+    cells = [
+        PasskeyCell(length=length, depth=depth, scaling=scaling, trials=5, correct=5)
+        for scaling, lengths in ((NoScaling(), (8192, 12288)), (YarnScaling(factor=2), (12288,)))
+        for length in lengths
+        for depth in (0.1, 0.9)
+    ]
+    plot = tmp_path / "passkey.svg"
+    plot_passkey(PasskeyResult(model="m", cells=cells, wall_s=1.0, chat=True), plot)
+    drawn = plot.read_text()
+    assert drawn.count("—") == 2 and "100%" in drawn
 
 
 def test_sweep_table_shows_only_what_has_data() -> None:

@@ -219,16 +219,15 @@ def plot_passkey(result: PasskeyResult, path: Path) -> None:
     depths = list(dict.fromkeys(cell.depth for cell in result.cells))
     panels = []
     for name, cells in _by_configuration(result.cells):
+        # Results merged from separate runs may cover different lengths: a cell a configuration
+        # lacks is blank, as in `plot_ruler`.
         by_place = {(cell.depth, cell.length): cell for cell in cells}
-        grid = [[by_place[depth, length] for length in lengths] for depth in depths]
+        grid = [[by_place.get((depth, length)) for length in lengths] for depth in depths]
         panels.append(
             (
                 name,
-                [[cell.correct / cell.trials for cell in row] for row in grid],
-                [
-                    [f"{cell.correct / cell.trials:.0%}\n{_percents(cell.interval)}" for cell in line]
-                    for line in grid
-                ],
+                [[math.nan if cell is None else cell.correct / cell.trials for cell in row] for row in grid],
+                [["—" if cell is None else _passkey_text(cell) for cell in line] for line in grid],
             )
         )
     _heatmaps(
@@ -239,6 +238,10 @@ def plot_passkey(result: PasskeyResult, path: Path) -> None:
         columns=[str(length) for length in lengths],
         colorbar="keys found",
     )
+
+
+def _passkey_text(cell: PasskeyCell) -> str:
+    return f"{cell.correct / cell.trials:.0%}\n{_percents(cell.interval)}"
 
 
 def plot_ruler(result: RulerResult, path: Path) -> None:
