@@ -46,7 +46,7 @@ from pe_client.corpora import corpus_text
 
 from bench.run_record import command_block, log, revision
 from service.model.bundled import bundled_model
-from service.omp_wait import SPIN_ROUNDS
+from service.omp_wait import SPIN_ROUNDS, WAIT_VARIABLES
 from tests.live_server import live_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -176,7 +176,7 @@ def scoring_neighbour(environment: dict[str, str]) -> Iterator[None]:
 def measure(repeats: int) -> dict[str, dict[str, float]]:
     # Servers inherit this process's environment, which importing `service` gave a policy: drop it,
     # so that each server has only its own.
-    for variable in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+    for variable in WAIT_VARIABLES:
         os.environ.pop(variable, None)
     figures: dict[str, dict[str, float]] = {}
     for name, environment in POLICIES.items():

@@ -26,10 +26,10 @@ import os
 from collections.abc import MutableMapping
 
 SPIN_ROUNDS = 10_000
-_VARIABLES = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+WAIT_VARIABLES = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")  # either one is a policy the user chose
 
 
 def bound_spin_wait(environ: MutableMapping[str, str] = os.environ) -> None:
     """Set `GOMP_SPINCOUNT` to `SPIN_ROUNDS` unless the environment already chose a wait policy."""
-    if not any(name in environ for name in _VARIABLES):
+    if not any(name in environ for name in WAIT_VARIABLES):
         environ["GOMP_SPINCOUNT"] = str(SPIN_ROUNDS)

@@ -71,10 +71,10 @@ class TurnedKeys:
     every slot. Turned keys depend on the rule and on the row's frequencies (`owner`): a change
     of either (a dynamic table's next bucket) turns everything again. The copy lives beside the
     pool, outside its bound: a row under a rule that moves keys holds its keys twice. A window grows
-    by doubling, up to `limit` slots (the row's reservation) where the row has one, so that the
-    copy never holds more slots than the row can fill."""
+    by doubling, up to `limit` slots (the row's reservation), so that the copy never holds more
+    slots than the row can fill."""
 
-    def __init__(self, limit: int | None = None) -> None:
+    def __init__(self, limit: int) -> None:
         self.owner: object = None
         self.limit = limit
         self._kept: dict[tuple[int, int], tuple[Tensor, int]] = {}  # (layer, placement): keys, turned
@@ -109,12 +109,11 @@ class TurnedKeys:
         return buffer[:, :length]
 
 
-def grown_capacity(needed: int, held: int, limit: int | None) -> int:
+def grown_capacity(needed: int, held: int, limit: int) -> int:
     """The slots a kept copy grows to when it must hold `needed` and holds `held`: twice as many, so
     that a row growing a chunk at a time copies its window a logarithmic number of times, but never
     more than `limit` (what the row can fill) unless `needed` is more."""
-    doubled = 2 * held if limit is None else min(2 * held, limit)
-    return max(needed, doubled)
+    return max(needed, min(2 * held, limit))
 
 
 class RuleRow(NamedTuple):

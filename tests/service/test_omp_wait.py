@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from service.omp_wait import SPIN_ROUNDS, bound_spin_wait
+from service.omp_wait import SPIN_ROUNDS, WAIT_VARIABLES, bound_spin_wait
 
 PROBE = "import service, os, sys; print(os.environ.get('GOMP_SPINCOUNT')); print('torch' in sys.modules)"
 
@@ -17,7 +17,7 @@ PROBE = "import service, os, sys; print(os.environ.get('GOMP_SPINCOUNT')); print
 def spin_count_seen(extra: dict[str, str]) -> tuple[str, str]:
     """What a fresh interpreter that imports `service` has as GOMP_SPINCOUNT, and whether torch was
     already loaded when it was set."""
-    environ = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    environ = {k: v for k, v in os.environ.items() if k not in WAIT_VARIABLES}
     run = subprocess.run(
         [sys.executable, "-c", PROBE], env={**environ, **extra}, capture_output=True, text=True, check=True
     )
