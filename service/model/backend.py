@@ -78,6 +78,8 @@ def choose_backend(
         # The torch step reads float matrices; packed layers widen theirs in the eager pass.
         return BackendChoice(Backend.EAGER, f"{weights} weights off the C step run in the eager pass")
     if not allow_compile:
+        if device.type == "cpu" and dtype != torch.float32:
+            return BackendChoice(Backend.EAGER, f"the C step runs float32 only; --compile is off for {dtype}")
         return BackendChoice(Backend.EAGER, "--compile is off")
     if device.type == "cuda":
         return BackendChoice(Backend.CUDA_GRAPHS, "a CUDA device: the compiled step, captured")

@@ -43,7 +43,8 @@ def test_without_compile_float32_on_a_cpu_runs_in_c_and_the_rest_is_eager() -> N
     require_kernel(batch_pass.available, "batch step")
     assert chosen(config(), allow_compile=False) is Backend.C
     assert chosen(config(), threads=2, allow_compile=False) is Backend.C
-    assert chosen(config(), dtype=torch.float64, allow_compile=False) is Backend.EAGER
+    float64 = choose_backend(config(), device=CPU, dtype=torch.float64, threads=1, allow_compile=False)
+    assert float64.backend is Backend.EAGER and "float32 only" in float64.reason
     assert chosen(config(), device=CUDA, dtype=torch.bfloat16, allow_compile=False) is Backend.EAGER
 
 
