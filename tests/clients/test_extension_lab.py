@@ -403,6 +403,34 @@ def test_a_passkey_plot_of_stages_run_apart_leaves_the_missing_cells_blank(tmp_p
     assert drawn.count("—") == 2 and "100%" in drawn
 
 
+def svg_size(path: Path) -> tuple[float, float]:
+    """An SVG plot's width and height in points."""
+    found = re.search(r'<svg[^>]*width="([\d.]+)pt" height="([\d.]+)pt"', path.read_text())
+    assert found is not None
+    return float(found.group(1)), float(found.group(2))
+
+
+def test_a_plot_of_many_configurations_wraps_its_panels_into_lines(tmp_path: Path) -> None:
+    """bench.attention's eight passkey rows in one line ran their titles into each other: past four
+    configurations the panels go on a further line, as wide as four and taller, each one drawn."""
+
+    def plot(configurations: int) -> Path:
+        scalings = [NoScaling(), *(YarnScaling(factor=factor) for factor in range(2, configurations + 1))]
+        cells = [
+            PasskeyCell(length=8192, depth=depth, scaling=scaling, trials=5, correct=5)
+            for scaling in scalings
+            for depth in (0.1, 0.9)
+        ]
+        path = tmp_path / f"passkey-{configurations}.svg"
+        plot_passkey(PasskeyResult(model="m", cells=cells, wall_s=1.0, chat=True), path)
+        return path
+
+    four, six = plot(4), plot(6)
+    assert svg_panels(six) == 6 + 1  # the heatmaps and the colour bar, no empty panel
+    (four_wide, four_high), (six_wide, six_high) = svg_size(four), svg_size(six)
+    assert six_wide == four_wide and six_high > 1.5 * four_high
+
+
 def test_sweep_table_shows_only_what_has_data() -> None:
     """Within the native context there is no tail: no all-dash second table. Past it, the tail
     table has the lengths that pass it, and rows name the scaling and the rule."""

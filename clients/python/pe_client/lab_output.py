@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 PLOT_SUFFIXES = (".png", ".svg")
+HEATMAPS_PER_LINE = 4  # panels of passkey and RULER plots side by side, before the next line
+TITLE_WIDTH = 34  # characters of a panel's title (a configuration's label) a line
 _Cell = TypeVar("_Cell", PasskeyCell, RulerCell, SweepCell)
 
 
@@ -279,30 +282,37 @@ def _heatmaps(
     columns: Sequence[str],
     colorbar: str,
 ) -> None:
-    """Side-by-side heatmaps of shares (0..1), one per (name, values, cell texts), lengths across."""
+    """Heatmaps of shares (0..1), one per (name, values, cell texts), lengths across; at most
+    `HEATMAPS_PER_LINE` a line, so that a grid of many configurations stays readable (eight in one
+    line ran their titles into each other)."""
     plt = _pyplot()
     row_name, row_labels = rows
-    figure, axes_row = plt.subplots(
-        1,
-        len(panels),
-        figsize=(3.6 * len(panels) + 1, 1.2 + 0.45 * max(len(row_labels), 6)),
+    across = max(1, min(len(panels), HEATMAPS_PER_LINE))
+    lines = max(1, math.ceil(len(panels) / across))
+    figure, grid = plt.subplots(
+        lines,
+        across,
+        figsize=(3.6 * across + 1, 0.6 + lines * (0.9 + 0.45 * max(len(row_labels), 6))),
         squeeze=False,
         layout="constrained",
     )
+    drawn = list(grid.ravel()[: len(panels)])
+    for unused in grid.ravel()[len(panels) :]:
+        figure.delaxes(unused)
     image = None
-    for axes, (name, values, texts) in zip(axes_row[0], panels, strict=True):
+    for axes, (name, values, texts) in zip(drawn, panels, strict=True):
         image = axes.imshow(values, vmin=0.0, vmax=1.0, cmap="RdYlGn", aspect="auto")
         axes.set_xticks(range(len(columns)), list(columns))
         axes.set_yticks(range(len(row_labels)), list(row_labels))
         axes.set_xlabel("length (tokens)")
         axes.set_ylabel(row_name)
-        axes.set_title(name, fontsize="medium")
+        axes.set_title("\n".join(textwrap.wrap(name, TITLE_WIDTH)), fontsize="medium")
         for row, line in enumerate(texts):
             for column, text in enumerate(line):
                 axes.text(column, row, text, ha="center", va="center", fontsize=7)
     figure.suptitle(title)
     if image is not None:
-        figure.colorbar(image, ax=axes_row[0].tolist(), label=colorbar)
+        figure.colorbar(image, ax=drawn, label=colorbar)
     figure.savefig(path)
     plt.close(figure)
 
