@@ -415,7 +415,8 @@ def test_a_plot_of_many_configurations_wraps_its_panels_into_lines(tmp_path: Pat
     configurations the panels go on a further line, as wide as four and taller, each one drawn."""
 
     def plot(configurations: int) -> Path:
-        scalings = [NoScaling(), *(YarnScaling(factor=factor) for factor in range(2, configurations + 1))]
+        scalings: list[NoScaling | YarnScaling] = [NoScaling()]
+        scalings += [YarnScaling(factor=factor) for factor in range(2, configurations + 1)]
         cells = [
             PasskeyCell(length=8192, depth=depth, scaling=scaling, trials=5, correct=5)
             for scaling in scalings
