@@ -135,6 +135,14 @@ def test_the_fast_steps_run_every_block_as_the_eager_model(overrides: dict[str, 
         assert decode_and_compare(model, decoder, scalings) < TOLERANCE
 
 
+# Both passes round each activation to int8 before its product, so a float sum that differs in its
+# last bit before the rounding (our norms against torch's, whose vector width follows the CPU) can
+# move one code by a step: qwen3-qk-norm in int4 then differed by 1.3e-3 on one Xeon of this kind
+# where the other cases agree to 2e-7. Reading the codes wrongly is far larger: the same C pass
+# against the eager model packed as int8 instead of int4 differs by 5e-2 to 8e-2.
+PACKED_TOLERANCE = 1e-2
+
+
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 @pytest.mark.parametrize("case", ["neox-parallel-two-norms", "gpt2-learned", "qwen3-qk-norm"])
 def test_the_c_step_runs_packed_blocks_as_the_eager_model(case: str, weights: str) -> None:
@@ -147,4 +155,4 @@ def test_the_c_step_runs_packed_blocks_as_the_eager_model(case: str, weights: st
     model = perturbed(tiny_transformer(native_context=native, **widths, **overrides))
     model = quantize_weights(model, weights)
     decoder = FastDecoder(model, pool_for(model), Backend.C, max_window=128, inductor=False)
-    assert decode_and_compare(model, decoder, [NONE]) < TOLERANCE
+    assert decode_and_compare(model, decoder, [NONE]) < PACKED_TOLERANCE
