@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from pe_runtime import RopeScaling
-from service.engine.budget import MAX_PASSED_OVER, ChunkPlan, plan_chunk, rows_per_chunk
+from service.engine.budget import MAX_PASSED_OVER, ChunkPlan, plan_chunk, rows_per_chunk, useful_chunk_cost
 from service.engine.runner import ModelRunner, PassResult, PassRows
 from service.engine.sequence import RunningSequence
 from service.engine.types import GenerationRequest
@@ -183,6 +183,14 @@ class ModelBatch:
         # Past the first layer every entry depends on how attention placed the keys before it.
         root = (scaling, table) if request.attention is None else (scaling, table, request.attention)
         return prefix_keys(root, request.prompt_tokens, self.pool.block_size)
+
+    def useful_chunk_cost(self) -> int:
+        """The fewest units worth a turn after another chunk of the step (`useful_chunk_cost`) for
+        the row that goes next; 0 while a spread chunk's layers are pending (they run on any)."""
+        if self._spread is not None:
+            return 0
+        first = min(self._prefilling.sequences, key=_chunk_order)
+        return useful_chunk_cost(first.prefilled, first.prompt_remaining)
 
     def prefill_chunk(self, budget: int) -> tuple[StepOutcome, int]:
         """Advance prefilling rows by a chunk that fits `budget` units (`plan_chunk`).

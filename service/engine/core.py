@@ -268,7 +268,8 @@ class EngineCore:
 
     def _run_chunks(self, budget: int) -> int:
         """Prompt and scoring chunks, round-robin over the candidates, until the budget is spent;
-        returns the units spent."""
+        returns the units spent. The step's first candidate runs whatever is left of the budget;
+        a later one only if what is left buys it a useful chunk (`useful_chunk_cost`)."""
         candidates: list[ModelBatch | _ScoreJob] = [b for b in self._batches.values() if b.prefilling]
         candidates += self._scoring
         if not candidates:
@@ -278,6 +279,13 @@ class EngineCore:
         for candidate in candidates[self._turn :] + candidates[: self._turn]:
             if left <= 0:
                 break
+            worth = (
+                candidate.useful_chunk_cost()
+                if isinstance(candidate, ModelBatch)
+                else candidate.scorer.useful_chunk_cost()
+            )
+            if left < budget and left < worth:
+                continue
             if isinstance(candidate, ModelBatch):
                 outcome, spent = candidate.prefill_chunk(left)
                 self._accept(outcome)

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from pe_runtime import RopeScaling
-from service.engine.budget import ChunkPlan, chunk_cost, plan_chunk
+from service.engine.budget import ChunkPlan, chunk_cost, plan_chunk, useful_chunk_cost
 from service.engine.errors import RequestFailedError
 from service.engine.sampler import top_alternatives
 from service.engine.types import TopLogprobs
@@ -85,6 +85,13 @@ class ChunkedScorer:
     def remaining(self) -> int:
         """Positions still to run; the last token is only ever a target."""
         return len(self._tokens) - len(self._logprobs)
+
+    def useful_chunk_cost(self) -> int:
+        """The fewest units worth a turn after another chunk of the step (`useful_chunk_cost`); 0
+        while a spread chunk's layers are pending (they run on any)."""
+        if self._spread is not None:
+            return 0
+        return useful_chunk_cost(len(self._logprobs) - 1, self.remaining)
 
     def advance(self, budget: int) -> int:
         """Run the next chunk that fits `budget` (`service.engine.budget.plan_chunk`), or the next

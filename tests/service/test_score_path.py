@@ -126,6 +126,27 @@ def test_a_document_on_the_c_backend_runs_through_the_c_pass_and_gives_its_block
     assert held[-1] == 0 and pool.free_blocks == pool.total_blocks
 
 
+@needs_c
+def test_documents_scored_at_once_run_whole_chunks_through_the_c_pass(
+    make_tiny_checkpoint: TinyCheckpointFactory,
+) -> None:
+    """Each step's first document takes what its allowance buys; the units it leaves are no turn
+    for the next one (`useful_chunk_cost`), which would read a few tokens on the eager pass spread
+    over steps: every position of the three runs in C, and each equals its full pass."""
+    directory = make_tiny_checkpoint("rope", name="c-together", native_context=NATIVE)
+    models = load_models([directory], device="cpu", dtype="float32", max_context=256)
+    core = EngineCore(models, step_token_budget=3)  # 24 units a step: a chunk may leave a few
+    documents = [document(200, seed=seed) for seed in range(3)]
+    before = {path: scored_positions("c-together", path) for path in ("c", "eager")}
+    finals = run(
+        core, models, [ScoringRequest(f"doc-{i}", "c-together", tokens) for i, tokens in enumerate(documents)]
+    )
+    for key, tokens in enumerate(documents):
+        assert_scores(finals[key], full_pass(models[0].model, tokens))
+    assert scored_positions("c-together", "eager") == before["eager"]
+    assert scored_positions("c-together", "c") - before["c"] == sum(len(tokens) - 1 for tokens in documents)
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_every_scheme_scores_in_chunks_what_one_full_pass_gives(
     make_tiny_checkpoint: TinyCheckpointFactory, scheme: str

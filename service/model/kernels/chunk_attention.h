@@ -159,9 +159,13 @@ static void attend_tile(const float *queries, int64_t query_stride, float *out, 
 }
 
 /* Every thread of the running team calls this, for a pass whose rows are `runs` runs and which
- * `chunk_tiles_fit`. Runs that `chunk_run_tiled` attend in tiles, handed out latest first (the
- * most keys), so the last ones to start are short; the others' tokens attend row by row, each
- * (token, head) pair a unit after the tiles. */
+ * `chunk_tiles_fit`. Runs that `chunk_run_tiled` attend in tiles, handed out a key head at a time
+ * and within it latest first (the most keys), so the last ones to start are short; the others'
+ * tokens attend row by row, each (token, head) pair a unit after the tiles. A key head at a time,
+ * a thread's next tile mostly reads the keys and values its last one left in its L2 (a zoo model's
+ * head holds 1 MB of them 4,096 tokens deep; a thread taking a tile's heads in turn cycled through
+ * three): four 4,096-token passes of zoo-rope took 0.875 s against 0.915 (medians of 6, the two
+ * orders alternating). */
 static void chunk_attention_shared(const float *queries, const float *new_keys, const float *new_values,
                                    float *key_pages, float *value_pages, const int64_t *block_table,
                                    const int64_t *positions, float *out, float *scores, int64_t query_row_stride,
@@ -200,7 +204,7 @@ static void chunk_attention_shared(const float *queries, const float *new_keys, 
                         block_size, head_dim, scale);
             continue;
         }
-        int64_t tile = tiles - 1 - unit / kv_heads, kv = unit % kv_heads, row = 0, end = 0;
+        int64_t tile = tiles - 1 - unit % tiles, kv = unit / tiles, row = 0, end = 0;
         for (int64_t r = 0, begin = 0; r < runs; begin = run_ends[r++]) {
             int64_t rows = run_ends[r] - begin, count = (rows + tile_rows - 1) / tile_rows;
             if (!chunk_run_tiled(rows, heads, kv_heads)) continue;
