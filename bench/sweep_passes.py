@@ -167,8 +167,7 @@ def report(figures: dict[str, object], command: str, repeats: int) -> str:
         f"What the cells one after another ask of the model over the one-pass sweep: {tokens_ratio:.2f}x the "
         f"tokens ({sum(cells)} against {sum(passed)}), {pairs_ratio:.2f}x the causal attention pairs. On "
         "zoo-rope (d_model 192, 4 layers) attention is most of a 4096-token pass's arithmetic, so "
-        "what one pass per configuration can save on this grid lies between the two ratios, nearer "
-        "the pairs'.",
+        "what one pass per configuration can save on this grid lies between the two ratios.",
         "",
         "The sweep's cells against the same cells each scored alone: largest difference "
         f"{figures['largest_difference']:.2e} bits per token (the SPEC allows 1e-3).",
