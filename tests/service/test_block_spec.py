@@ -138,8 +138,10 @@ def test_the_fast_steps_run_every_block_as_the_eager_model(overrides: dict[str, 
 # Both passes round each activation to int8 before its product, so a float sum that differs in its
 # last bit before the rounding (our norms against torch's, whose vector width follows the CPU) can
 # move one code by a step: qwen3-qk-norm in int4 then differed by 1.3e-3 on one Xeon of this kind
-# where the other cases agree to 2e-7. Reading the codes wrongly is far larger: the same C pass
-# against the eager model packed as int8 instead of int4 differs by 5e-2 to 8e-2.
+# where the other cases agree to 2e-7. The eager pass alone moves as much: its embeddings scaled
+# by 1 + 2e-7 noise, 19 of 60 draws moved qwen3-qk-norm int4 by more than 1e-4 (at most 1.1e-3),
+# 14 of 60 moved neox-parallel-two-norms by up to 2.6e-3. Reading the codes wrongly is far larger:
+# the same C pass against the eager model packed as int8 instead of int4 differs by 5e-2 to 8e-2.
 PACKED_TOLERANCE = 1e-2
 
 
