@@ -82,7 +82,7 @@ def useful_chunk_cost(past: int, remaining: int) -> int:
 
     The first chunk of a step takes what the allowance buys and leaves a few units; the next
     candidate, given those, read a few tokens over its whole cached context, on the eager pass
-    spread over steps. Four 4,096-token documents of the zoo RoPE model scored at once took 8-13%
+    spread over steps. Four 4,096-token documents of the zoo RoPE model scored at once took 9-11%
     more engine CPU than the same four one after another for such crumbs; now the next step gives
     the next candidate its turn."""
     return chunk_cost(1, min(MIN_ROW_WIDTH, remaining), past)
